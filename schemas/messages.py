@@ -1,0 +1,145 @@
+"""Messages between actors: control plane (deadline-bound) and bulk requests.
+
+Control: heartbeat, cancel, shutdown, ping. Sampling, sandbox and verifier requests and replies.
+A reply to a failed request is an ``ErrorReply`` naming what failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .base import Array, Record, RoutingArray
+from .registry import register
+
+
+class Message(Record):
+    """Base of records exchanged between actors (not necessarily logged)."""
+
+
+@register
+class Heartbeat(Message):
+    kind = "heartbeat"
+    actor: str
+    role: str
+    seq: int = Field(ge=0)
+    sent_at: float
+    status: dict[str, float] = {}
+
+
+@register
+class Ping(Message):
+    kind = "ping"
+    payload: bytes = b""
+
+
+@register
+class Pong(Message):
+    kind = "pong"
+    actor: str
+    payload: bytes = b""
+
+
+@register
+class Cancel(Message):
+    """Cancel a trial (or every trial with ``trial_id='*'``): abort generation, tear down sandboxes."""
+
+    kind = "cancel"
+    trial_id: str
+    reason: str = ""
+
+
+@register
+class Shutdown(Message):
+    kind = "shutdown"
+    reason: str = ""
+
+
+@register
+class Ack(Message):
+    kind = "ack"
+    detail: str = ""
+
+
+@register
+class ErrorReply(Message):
+    """A request failed; ``error`` is a short type name, ``detail`` says what and how to fix it."""
+
+    kind = "error_reply"
+    error: str
+    detail: str
+
+
+@register
+class GenerateRequest(Message):
+    kind = "generate_request"
+    trial_id: str
+    turn: int = Field(ge=0)
+    input_ids: Array("int32")
+    max_new_tokens: int = Field(gt=0)
+    temperature: float = Field(gt=0)
+    top_p: float = Field(gt=0, le=1)
+    seed: int | None = None
+    stop_ids: list[int] = []
+    policy_version_wanted: int | None = None
+
+
+@register
+class GenerateReply(Message):
+    kind = "generate_reply"
+    trial_id: str
+    turn: int
+    output_ids: Array("int32")
+    logprobs: Array("float32")
+    routing: RoutingArray | None = None
+    policy_version: int
+    finish_reason: Literal["stop", "length", "cancelled", "error"]
+
+
+@register
+class ExecRequest(Message):
+    kind = "exec_request"
+    trial_id: str
+    turn: int = Field(ge=0)
+    command: str
+    timeout_s: float = Field(gt=0)
+
+
+@register
+class SandboxOpen(Message):
+    kind = "sandbox_open"
+    trial_id: str
+    task_id: str
+
+
+@register
+class SandboxClose(Message):
+    kind = "sandbox_close"
+    trial_id: str
+
+
+@register
+class VerifyRequest(Message):
+    kind = "verify_request"
+    trial_id: str
+    task_id: str
+
+
+@register
+class PolicyUpdate(Message):
+    """The learner published a version; samplers load it between generations."""
+
+    kind = "policy_update"
+    version: int = Field(ge=0)
+    location: str
+    sha256: str
+
+
+@register
+class Generic(Message):
+    """Escape hatch for actor-specific small control calls: an op name and msgpack-able args."""
+
+    kind = "generic"
+    op: str
+    args: dict[str, Any] = {}
