@@ -1,0 +1,125 @@
+"""On-store format of a segment: key names, array layout, commit records and event headers.
+
+    <root>/zarr.json                          group, attributes {"t1_event_log": FORMAT}
+    <root>/segments/<writer>/zarr.json        group, attributes: writer id, routing shape
+    <root>/segments/<writer>/headers          uint8 [bytes]           msgpack event headers, back to back
+    <root>/segments/<writer>/<dtype>          <dtype> [elements]      1-D numeric payloads (int32 ids, ...)
+    <root>/segments/<writer>/routing          uint8 [tokens, L, k]    expert ids (wider dtype when E > 256)
+    <root>/segments/<writer>/commits/<seq>    commit record (raw key, msgpack)
+
+Arrays have a huge fixed shape; only the commit records say how much of each is valid. A commit
+record is written after every chunk it covers, and a store replaces keys atomically, so a batch
+becomes visible all at once. It carries the crc32 of the committed bytes of each chunk it (re)wrote.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+
+import msgpack
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec
+
+from .config import StorageConfig
+
+FORMAT = 1
+HEADERS = "headers"
+ROUTING = "routing"
+MAX_ROWS = 1 << 44  # logical length of every array; the commit records bound what is valid
+COMMIT_BATCH = 32  # commit records fetched per round trip when catching up
+
+
+def segment_dir(writer_id: str) -> str:
+    return f"segments/{writer_id}"
+
+
+def commit_key(writer_id: str, seq: int) -> str:
+    return f"segments/{writer_id}/commits/{seq:012d}"
+
+
+def crc32(rows: np.ndarray) -> int:
+    return zlib.crc32(memoryview(np.ascontiguousarray(rows)).cast("B"))
+
+
+@dataclass(frozen=True)
+class RoutingShape:
+    """Per-token routing record shape of the run's model: [layers, k] expert ids below num_experts."""
+
+    layers: int
+    k: int
+    num_experts: int
+
+    @property
+    def dtype(self) -> np.dtype:
+        from schemas import routing_dtype
+        return routing_dtype(self.num_experts)
+
+    def to_attrs(self) -> dict:
+        return {"layers": self.layers, "k": self.k, "num_experts": self.num_experts, "dtype": self.dtype.name}
+
+    @classmethod
+    def from_attrs(cls, attrs: dict | None) -> "RoutingShape | None":
+        return None if not attrs else cls(int(attrs["layers"]), int(attrs["k"]), int(attrs["num_experts"]))
+
+
+@dataclass
+class Commit:
+    """A commit record: events [first_event, first_event + len(header_ends)) become visible."""
+
+    seq: int
+    first_event: int
+    header_ends: list[int]  # end offset in the header array of each event of this batch
+    ends: dict[str, int]  # array -> committed rows after this commit (arrays not named: unchanged)
+    checksums: dict[str, list[tuple[int, int]]]  # array -> [(chunk index, crc32 of its committed rows)]
+    time: float
+    extra: dict = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        body = msgpack.packb({
+            "seq": self.seq, "first_event": self.first_event, "header_ends": self.header_ends,
+            "ends": self.ends, "checksums": {k: [list(p) for p in v] for k, v in self.checksums.items()},
+            "time": self.time, "format": FORMAT,
+        }, use_bin_type=True)
+        return msgpack.packb([FORMAT, body, zlib.crc32(body)], use_bin_type=True)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Commit":
+        """Parse a commit record; ValueError if it is damaged or of an unknown format."""
+        try:
+            fmt, body, crc = msgpack.unpackb(data, raw=False)
+        except Exception as exc:
+            raise ValueError(f"unreadable commit record ({type(exc).__name__})") from None
+        if fmt > FORMAT:
+            raise ValueError(f"commit record format {fmt} is newer than this t1 reads ({FORMAT}); upgrade t1")
+        if zlib.crc32(body) != crc:
+            raise ValueError("commit record checksum mismatch")
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        return cls(seq=obj["seq"], first_event=obj["first_event"], header_ends=list(obj["header_ends"]),
+                   ends=dict(obj["ends"]), time=obj["time"],
+                   checksums={k: [(int(c), int(s)) for c, s in v] for k, v in obj["checksums"].items()})
+
+
+def stream_name(dtype: np.dtype) -> str:
+    return np.dtype(dtype).name
+
+
+def rows_per_chunk(chunk_bytes: int, row_bytes: int) -> int:
+    return max(1, chunk_bytes // max(1, row_bytes))
+
+
+def create_array(group: zarr.Group, name: str, dtype: np.dtype, inner: tuple[int, ...],
+                 config: StorageConfig) -> zarr.Array:
+    """A fresh append-only array of a segment, chunked along its first axis."""
+    dtype = np.dtype(dtype)
+    row_bytes = dtype.itemsize * math.prod(inner)
+    target = config.header_chunk_bytes if name == HEADERS else config.chunk_bytes
+    rows = rows_per_chunk(target, row_bytes)
+    shuffle = config.routing_shuffle if name == ROUTING else config.numeric_shuffle
+    compressors = None if config.codec == "none" else [
+        BloscCodec(cname=config.codec, clevel=config.clevel, shuffle=shuffle)]
+    return group.create_array(
+        name, shape=(MAX_ROWS, *inner), chunks=(rows, *inner), dtype=dtype, fill_value=0,
+        compressors=compressors, config={"write_empty_chunks": True}, overwrite=True)

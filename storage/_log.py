@@ -1,0 +1,203 @@
+"""EventLog: opens a log on any zarr store, hands out segment writers, and reads the merged segments."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import trio
+import zarr
+
+from schemas.events import Event
+
+from . import _store
+from ._cursor import Cursor
+from ._format import FORMAT, RoutingShape
+from ._reader import SegmentReader
+from ._writer import SegmentWriter
+from .config import StorageConfig
+from .errors import LogError, LogNotFound
+
+T = TypeVar("T")
+EventRef = tuple[float, str, int]  # (append time, writer id, seq): the merge order of segments
+
+
+def parse_event_id(event_id: str) -> tuple[str, int]:
+    writer, sep, seq = str(event_id).rpartition(":")
+    if not sep or not writer or not seq.isdigit():
+        raise KeyError(f"{event_id!r} is not an event id (expected '<writer>:<seq>', e.g. 'sampler-0:12')")
+    return writer, int(seq)
+
+
+class EventLog:
+    """An append-only event log: one segment per writer, merged by append time when read.
+
+    Thread-safe for reading; each segment has exactly one ``SegmentWriter``.
+    """
+
+    def __init__(self, store, config: StorageConfig):
+        self.store = store
+        self.config = config
+        self._segments: dict[str, SegmentReader] = {}
+        self._by_trial: dict[str, list[tuple[str, int]]] = {}
+        self._lock = threading.RLock()
+
+    @classmethod
+    def open(cls, location: Any, *, create: bool = False, config: StorageConfig | None = None) -> "EventLog":
+        """Open the log at a directory, an fsspec URL or a zarr store; ``create`` makes it if absent."""
+        store = _store.open_store(location)
+        where = _store.describe(store)
+        try:
+            root = zarr.open_group(store, mode="r")
+            marker = root.attrs.get("t1_event_log")
+        except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
+            marker = None
+            root = None
+        if marker is None:
+            if root is not None and not create:
+                raise LogNotFound(f"{where} holds a zarr group that is not a t1 event log")
+            if not create:
+                raise LogNotFound(f"no t1 event log at {where}; pass create=True to make one")
+            root = zarr.open_group(store, mode="a")
+            if root.attrs.get("t1_event_log") is None:
+                root.attrs.update({"t1_event_log": FORMAT})
+            root.require_group("segments")
+        elif int(marker) > FORMAT:
+            raise LogError(f"event log at {where} has format {marker}, newer than this t1 reads ({FORMAT}); upgrade t1")
+        return cls(store, config or StorageConfig())
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def writer(self, writer_id: str, *, routing_shape: tuple[int, int] | None = None,
+               num_experts: int | None = None) -> SegmentWriter:
+        """The writer of segment ``writer_id`` (an actor instance name), resuming after its last commit.
+
+        ``routing_shape=(layers, k)`` and ``num_experts`` come from the run's model config; routing
+        records of any other shape are rejected.
+        """
+        routing = None
+        if routing_shape is not None or num_experts is not None:
+            if routing_shape is None or num_experts is None or len(tuple(routing_shape)) != 2:
+                raise ValueError("give both routing_shape=(layers, k) and num_experts=E (from the model config), "
+                                 "or neither for a writer that never logs routing")
+            layers, k = (int(v) for v in routing_shape)
+            if layers <= 0 or k <= 0 or not 0 < k <= num_experts:
+                raise ValueError(f"bad routing shape (layers={layers}, k={k}, num_experts={num_experts}): "
+                                 "need layers > 0 and 0 < k <= num_experts")
+            routing = RoutingShape(layers, k, int(num_experts))
+        return SegmentWriter(self.store, writer_id, routing=routing, config=self.config)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Catch up with every segment's commits (new segments included)."""
+        with self._lock:
+            for name in _store.list_dir(self.store, "segments"):
+                if name != "zarr.json" and _store.WRITER_ID.match(name) and name not in self._segments:
+                    self._segments[name] = SegmentReader(self.store, name, self.config)
+            for writer, reader in self._segments.items():
+                before = reader.event_count
+                reader.refresh()
+                for seq in range(before, reader.event_count):
+                    trial = reader.headers[seq]["f"].get("trial_id")
+                    if trial is not None:
+                        self._by_trial.setdefault(trial, []).append((writer, seq))
+
+    def segments(self) -> list[str]:
+        self.refresh()
+        return sorted(self._segments)
+
+    def _refs(self, kinds: Iterable[str] | None = None) -> list[EventRef]:
+        wanted = _kind_filter(kinds)
+        refs = [(h["ts"], writer, seq) for writer, reader in self._segments.items()
+                for seq, h in enumerate(reader.headers) if wanted is None or h["t"] in wanted]
+        refs.sort()
+        return refs
+
+    def _load(self, writer: str, seq: int) -> Event:
+        with self._lock:
+            return self._segments[writer].load(seq)
+
+    def header(self, writer: str, seq: int) -> dict[str, Any]:
+        return self._segments[writer].headers[seq]
+
+    def get(self, event_id: str) -> Event:
+        """The committed event with this id; KeyError if there is none (yet)."""
+        writer, seq = parse_event_id(event_id)
+        with self._lock:
+            reader = self._segments.get(writer)
+            if reader is None or seq >= reader.event_count:
+                self.refresh()
+                reader = self._segments.get(writer)
+            if reader is None or seq >= reader.event_count:
+                raise KeyError(f"no committed event {event_id!r} in the log")
+            return reader.load(seq)
+
+    def by_trial(self, trial_id: str) -> list[tuple[str, Event]]:
+        """Every committed event of a trial (records with a ``trial_id`` field), in merge order."""
+        with self._lock:
+            self.refresh()
+            refs = sorted((self.header(w, s)["ts"], w, s) for w, s in self._by_trial.get(trial_id, []))
+            return [(f"{w}:{s}", self._load(w, s)) for _, w, s in refs]
+
+    def events(self, kinds: Iterable[str] | None = None) -> Iterator[tuple[str, Event]]:
+        """Every committed event (optionally only some kinds), segments merged by append time."""
+        with self._lock:
+            self.refresh()
+            refs = self._refs(kinds)
+        for _, writer, seq in refs:
+            yield f"{writer}:{seq}", self._load(writer, seq)
+
+    def fold(self, fn: Callable[[T, Event], T], init: T, kinds: Iterable[str] | None = None) -> T:
+        """Rebuild state: ``fn(state, event)`` over every committed event in merge order."""
+        return functools.reduce(lambda state, item: fn(state, item[1]), self.events(kinds), init)
+
+    def counts(self) -> dict[str, int]:
+        """Committed events by kind (headers only; no payload is read)."""
+        with self._lock:
+            self.refresh()
+            return dict(Counter(h["t"] for r in self._segments.values() for h in r.headers))
+
+    def verify(self) -> dict[str, dict[str, int]]:
+        """Check every committed chunk of every segment against its checksum (CorruptionError names
+        the segment, array and chunk). Returns chunks checked per segment and array."""
+        with self._lock:
+            self.refresh()
+            return {writer: reader.verify() for writer, reader in sorted(self._segments.items())}
+
+    def cursor(self, position: Mapping[str, int] | None = None, *, kinds: Iterable[str] | None = None) -> Cursor:
+        """A cursor over committed events after ``position`` (a saved ``cursor.position``)."""
+        return Cursor(self, position, kinds=_kind_filter(kinds))
+
+    # -- trio ----------------------------------------------------------------------------------
+
+    async def aget(self, event_id: str) -> Event:
+        return await trio.to_thread.run_sync(self.get, event_id)
+
+    async def aby_trial(self, trial_id: str) -> list[tuple[str, Event]]:
+        return await trio.to_thread.run_sync(self.by_trial, trial_id)
+
+    async def afold(self, fn: Callable[[T, Event], T], init: T, kinds: Iterable[str] | None = None) -> T:
+        return await trio.to_thread.run_sync(functools.partial(self.fold, fn, init, kinds))
+
+    async def acounts(self) -> dict[str, int]:
+        return await trio.to_thread.run_sync(self.counts)
+
+    async def averify(self) -> dict[str, dict[str, int]]:
+        return await trio.to_thread.run_sync(self.verify)
+
+
+def _kind_filter(kinds: Iterable[str] | None) -> frozenset[str] | None:
+    if kinds is None:
+        return None
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    from schemas import known_kinds
+    chosen = frozenset(kinds)
+    unknown = chosen - set(known_kinds())
+    if unknown:
+        raise ValueError(f"unknown event kinds {sorted(unknown)}; known: {', '.join(known_kinds())}")
+    return chosen

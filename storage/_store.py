@@ -1,0 +1,117 @@
+"""A thin synchronous face over any zarr v3 store: raw keys for commit records, one-writer locks.
+
+Stores must replace a key atomically (a reader sees the old or the new value, never a torn one):
+LocalStore (temp file + rename), MemoryStore and object stores (S3, GCS, ...) do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import zarr
+from zarr.abc.store import Store
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+
+from .errors import WriterBusy
+
+WRITER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def open_store(location: Any) -> Store:
+    """A zarr store for a directory path, an fsspec URL (``s3://...``, ``memory://...``) or a store."""
+    if isinstance(location, Store):
+        return location
+    if isinstance(location, (str, os.PathLike)):
+        text = os.fspath(location)
+        if "://" in text and not text.startswith("file://"):
+            return zarr.storage.FsspecStore.from_url(text)
+        return zarr.storage.LocalStore(text.removeprefix("file://"))
+    raise TypeError(f"cannot open an event log on {type(location).__name__}; "
+                    "pass a directory path, an fsspec URL or a zarr Store")
+
+
+def describe(store: Store) -> str:
+    return str(getattr(store, "root", None) or store)
+
+
+def get(store: Store, key: str) -> bytes | None:
+    buf = sync(store.get(key, default_buffer_prototype()))
+    return None if buf is None else buf.to_bytes()
+
+
+def get_many(store: Store, keys: list[str]) -> list[bytes | None]:
+    """Fetch several keys concurrently (one round trip's latency on object stores)."""
+    async def fetch_all():
+        bufs = await asyncio.gather(*(store.get(k, default_buffer_prototype()) for k in keys))
+        return [None if b is None else b.to_bytes() for b in bufs]
+    return sync(fetch_all())
+
+
+def put(store: Store, key: str, data: bytes) -> None:
+    sync(store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+
+
+def list_dir(store: Store, prefix: str) -> list[str]:
+    async def collect():
+        return [name async for name in store.list_dir(prefix)]
+    return sync(collect())
+
+
+class WriterLock:
+    """Holds a segment for one writer. On a LocalStore an ``flock`` (freed by the kernel when the
+    process dies, so a killed writer's segment reopens without manual steps); in every store a
+    per-process registry so one process cannot open the same segment twice."""
+
+    _held: set[tuple[int, str]] = set()
+    _guard = threading.Lock()
+
+    def __init__(self, store: Store, segment_dir: str, writer_id: str):
+        self._key = (id(store), writer_id)
+        self._fd: int | None = None
+        with self._guard:
+            if self._key in self._held:
+                raise WriterBusy(f"segment {writer_id!r} already has an open writer in this process; "
+                                 "close it first (one writer per segment)")
+            self._held.add(self._key)
+        root = getattr(store, "root", None)
+        if isinstance(store, zarr.storage.LocalStore) and root is not None:
+            path = Path(root) / segment_dir / "writer.lock"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                self._release_registry()
+                raise WriterBusy(f"segment {writer_id!r} at {path.parent} is held by another live process; "
+                                 "give each actor instance its own writer id") from None
+            self._fd = fd
+
+    def _release_registry(self) -> None:
+        with self._guard:
+            self._held.discard(self._key)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._release_registry()
+
+
+def remove_partial_files(store: Store, segment_dir: str) -> int:
+    """Delete temp files a killed LocalStore write left behind (they are never read; this is tidying)."""
+    root = getattr(store, "root", None)
+    if not isinstance(store, zarr.storage.LocalStore) or root is None:
+        return 0
+    removed = 0
+    for path in (Path(root) / segment_dir).rglob("*.partial"):
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed

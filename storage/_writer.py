@@ -1,0 +1,297 @@
+"""SegmentWriter: the single writer of one segment. Buffers rows, writes whole chunks, commits atomically."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import trio
+import zarr
+
+from schemas import Record, SchemaError, pack
+from schemas.events import Event
+
+from . import _store
+from ._format import HEADERS, ROUTING, Commit, RoutingShape, commit_key, crc32, create_array, segment_dir, stream_name
+from ._reader import SegmentReader
+from .config import StorageConfig
+from .errors import EventRejected, LogError
+
+
+class _Stream:
+    """One append-only array as its writer sees it: rows [start, end) are held in memory, where
+    ``start`` is chunk-aligned, so every store write is a whole chunk (the tail chunk padded)."""
+
+    def __init__(self, array: zarr.Array, end: int, held: np.ndarray):
+        self.array = array
+        self.chunk_rows = array.chunks[0]
+        self.start = (end // self.chunk_rows) * self.chunk_rows
+        self.end = end
+        self.pieces: list[np.ndarray] = [held] if len(held) else []
+        self.crcs: dict[int, int] = {}  # chunk -> crc of rows written since the last commit
+
+    def add(self, rows: np.ndarray) -> int:
+        offset = self.end
+        self.pieces.append(rows)
+        self.end += len(rows)
+        return offset
+
+    def _held(self) -> np.ndarray:
+        if len(self.pieces) != 1:
+            self.pieces = [np.concatenate(self.pieces)] if self.pieces else []
+        return self.pieces[0] if self.pieces else np.empty((0, *self.array.shape[1:]), self.array.dtype)
+
+    def write_full_chunks(self) -> None:
+        full = (self.end - self.start) // self.chunk_rows * self.chunk_rows
+        if full == 0:
+            return
+        held = self._held()
+        block = held[:full]
+        self.array[self.start:self.start + full] = block
+        first = self.start // self.chunk_rows
+        for i in range(full // self.chunk_rows):
+            self.crcs[first + i] = crc32(block[i * self.chunk_rows:(i + 1) * self.chunk_rows])
+        rest = held[full:]
+        self.pieces = [rest.copy()] if len(rest) else []  # copy: let the big block go
+        self.start += full
+
+    def write_tail(self) -> None:
+        """Write the partial last chunk, padded to a whole chunk (it is rewritten as it fills)."""
+        self.write_full_chunks()
+        if self.end == self.start:
+            return
+        held = self._held()
+        padded = np.zeros((self.chunk_rows, *held.shape[1:]), held.dtype)
+        padded[:len(held)] = held
+        self.array[self.start:self.start + self.chunk_rows] = padded
+        self.crcs[self.start // self.chunk_rows] = crc32(held)
+
+
+class SegmentWriter:
+    """Appends events to one segment. Not shared between processes (one writer per segment).
+
+    ``append`` validates and buffers an event (returns its id ``"<writer>:<seq>"``), ``commit`` makes
+    every appended event visible at once. A writer killed at any instant loses only what it had not
+    committed; opening the same writer id again resumes after the last commit.
+    """
+
+    def __init__(self, store, writer_id: str, *, routing: RoutingShape | None, config: StorageConfig):
+        if not isinstance(writer_id, str) or not _store.WRITER_ID.match(writer_id):
+            raise ValueError(f"writer id {writer_id!r} is not valid: use 1-128 characters from "
+                             "[A-Za-z0-9_.-], starting with a letter or digit (e.g. 'sampler-0')")
+        self.writer_id = writer_id
+        self._store = store
+        self._config = config
+        self._lock = threading.Lock()
+        self._broken: str | None = None
+        self._holder = _store.WriterLock(store, segment_dir(writer_id), writer_id)
+        try:
+            self._open(routing)
+        except BaseException:
+            self._holder.release()
+            raise
+
+    # -- opening and recovery ------------------------------------------------------------------
+
+    def _open(self, routing: RoutingShape | None) -> None:
+        root = zarr.open_group(self._store, mode="a")
+        path = segment_dir(self.writer_id)
+        group = root.require_group(path)
+        stored = RoutingShape.from_attrs(group.attrs.get("routing"))
+        if stored is not None and routing is not None and stored != routing:
+            raise LogError(
+                f"segment {self.writer_id!r} holds routing records of shape (layers={stored.layers}, k={stored.k}, "
+                f"num_experts={stored.num_experts}); this writer was opened with (layers={routing.layers}, "
+                f"k={routing.k}, num_experts={routing.num_experts}); use a new log or writer id for a new model")
+        self.routing = routing or stored
+        if group.attrs.get("writer_id") != self.writer_id or (routing and stored is None):
+            group.attrs.update({"writer_id": self.writer_id, "t1_segment": 1,
+                                "routing": self.routing.to_attrs() if self.routing else None})
+        self._group = group
+        _store.remove_partial_files(self._store, path)
+        # recover: the committed state is whatever the commit records say, nothing more
+        reader = SegmentReader(self._store, self.writer_id, self._config)
+        reader.refresh()
+        self._next_event = reader.event_count
+        self._next_commit = reader.commit_count
+        self._last_time = reader.last_time
+        self._streams: dict[str, _Stream] = {}
+        for name, end in reader.ends.items():
+            array = group[name]
+            chunk_rows = array.chunks[0]
+            start = (end // chunk_rows) * chunk_rows
+            held = reader.read_rows(name, start, end) if end > start else array[0:0]
+            self._streams[name] = _Stream(array, end, np.array(held, copy=True))
+        self._pending_headers: list[int] = []
+        self._reader_for_tests = reader
+
+    def _stream(self, name: str, dtype: np.dtype, inner: tuple[int, ...]) -> _Stream:
+        stream = self._streams.get(name)
+        if stream is None:
+            array = self._group.get(name)
+            if array is None:
+                array = create_array(self._group, name, dtype, inner, self._config)
+            stream = self._streams[name] = _Stream(array, 0, np.empty((0, *inner), dtype))
+        return stream
+
+    # -- appending -----------------------------------------------------------------------------
+
+    def append(self, event: Event) -> str:
+        """Validate and buffer one event; returns its id. On EventRejected nothing has changed."""
+        with self._lock:
+            self._check_usable()
+            payloads, header = self._prepare(event)
+            try:
+                locations = {}
+                for fieldname, (name, rows) in payloads.items():
+                    stream = self._stream(name, rows.dtype, rows.shape[1:])
+                    locations[fieldname] = [name, stream.add(rows), None]
+                header["a"] = {f: [loc[0], loc[1], list(getattr(event, f).shape)] for f, loc in locations.items()}
+                header_bytes = np.frombuffer(pack(header), np.uint8)
+                self._stream(HEADERS, np.dtype(np.uint8), ()).add(header_bytes)
+                self._pending_headers.append(self._streams[HEADERS].end)
+                self._next_event += 1
+                for stream in self._streams.values():
+                    stream.write_full_chunks()
+            except BaseException as exc:
+                self._broken = f"{type(exc).__name__}: {exc}"
+                raise
+            return f"{self.writer_id}:{header['s']}"
+
+    def _prepare(self, event: Any) -> tuple[dict[str, tuple[str, np.ndarray]], dict]:
+        """Everything that can reject an event, before anything is touched."""
+        if not isinstance(event, Event):
+            raise EventRejected(type(event).__name__, None,
+                                "only events (schemas.events.Event subclasses) can be appended to the log")
+        kind = type(event).__name__
+        try:  # re-validate: a record built with model_construct skipped its checks
+            type(event)(**{name: getattr(event, name) for name in type(event).model_fields})
+        except SchemaError as exc:
+            raise EventRejected(kind, exc.field, exc.problem) from None
+        payloads: dict[str, tuple[str, np.ndarray]] = {}
+        for fieldname, spec in type(event).array_fields().items():
+            value = getattr(event, fieldname)
+            if value is None:
+                continue
+            if spec.ndim == 3:
+                payloads[fieldname] = (ROUTING, self._check_routing(kind, fieldname, value))
+            else:
+                payloads[fieldname] = (stream_name(value.dtype), np.ascontiguousarray(value).reshape(-1))
+        ts = max(time.time(), self._last_time)
+        header = {"t": event.kind, "v": event.schema_version, "f": event.header(), "s": self._next_event, "ts": ts}
+        try:
+            pack(header)
+        except Exception as exc:
+            raise EventRejected(kind, None, f"header cannot be encoded ({exc})") from None
+        self._last_time = ts
+        return payloads, header
+
+    def _check_routing(self, kind: str, fieldname: str, routing: np.ndarray) -> np.ndarray:
+        shape = self.routing
+        if shape is None:
+            raise EventRejected(kind, fieldname, "this writer was opened without a routing shape; open it with "
+                                "log.writer(id, routing_shape=(layers, k), num_experts=E)")
+        if routing.shape[1:] != (shape.layers, shape.k):
+            raise EventRejected(kind, fieldname, f"routing record shape {routing.shape} does not match the model: "
+                                f"expected [tokens, {shape.layers}, {shape.k}] (layers, k)")
+        if routing.dtype != shape.dtype:
+            raise EventRejected(kind, fieldname, f"routing dtype {routing.dtype.name}, but a model with "
+                                f"{shape.num_experts} experts records {shape.dtype.name} "
+                                f"(convert with .astype(np.{shape.dtype.name}))")
+        if routing.size and int(routing.max()) >= shape.num_experts:
+            raise EventRejected(kind, fieldname, f"expert id {int(routing.max())} out of range for "
+                                f"{shape.num_experts} experts")
+        if routing.size and routing.dtype.kind == "i" and int(routing.min()) < 0:
+            raise EventRejected(kind, fieldname, f"negative expert id {int(routing.min())}")
+        return np.ascontiguousarray(routing)
+
+    # -- committing ----------------------------------------------------------------------------
+
+    def commit(self) -> int:
+        """Make every appended event visible at once; returns how many. Chunks first, record last."""
+        with self._lock:
+            self._check_usable()
+            if not self._pending_headers:
+                return 0
+            try:
+                for stream in self._streams.values():
+                    stream.write_tail()
+                record = Commit(
+                    seq=self._next_commit, first_event=self._next_event - len(self._pending_headers),
+                    header_ends=list(self._pending_headers),
+                    ends={name: s.end for name, s in self._streams.items() if s.crcs},
+                    checksums={name: sorted(s.crcs.items()) for name, s in self._streams.items() if s.crcs},
+                    time=time.time())
+                _store.put(self._store, commit_key(self.writer_id, record.seq), record.encode())
+            except BaseException as exc:
+                self._broken = f"{type(exc).__name__}: {exc}"
+                raise
+            for stream in self._streams.values():
+                stream.crcs.clear()
+            self._next_commit += 1
+            count = len(self._pending_headers)
+            self._pending_headers = []
+            return count
+
+    @property
+    def pending(self) -> int:
+        """Events appended but not yet committed."""
+        return len(self._pending_headers)
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_event
+
+    def close(self) -> None:
+        """Commit what is pending (unless the writer failed) and release the segment."""
+        try:
+            if self._broken is None and self._holder is not None and self._pending_headers:
+                self.commit()
+        finally:
+            if self._holder is not None:
+                self._holder.release()
+                self._holder = None
+
+    def abandon(self) -> None:
+        """Release the segment, dropping uncommitted events (what a crash would do)."""
+        if self._holder is not None:
+            self._holder.release()
+            self._holder = None
+
+    def _check_usable(self) -> None:
+        if self._holder is None:
+            raise LogError(f"writer {self.writer_id!r} is closed; open a new one with log.writer(...)")
+        if self._broken is not None:
+            raise LogError(f"writer {self.writer_id!r} failed earlier ({self._broken}); close it and reopen "
+                           "log.writer(...) to resume from the last commit")
+
+    def __enter__(self) -> "SegmentWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()
+
+    # -- trio ----------------------------------------------------------------------------------
+
+    async def aappend(self, event: Event) -> str:
+        return await trio.to_thread.run_sync(self.append, event)
+
+    async def acommit(self) -> int:
+        return await trio.to_thread.run_sync(self.commit)
+
+    async def aclose(self) -> None:
+        await trio.to_thread.run_sync(self.close)
+
+    async def __aenter__(self) -> "SegmentWriter":
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            await self.aclose()
+        else:
+            self.abandon()

@@ -1,0 +1,38 @@
+"""Errors of the event log. Each names the segment (writer id), the array and the chunk it concerns."""
+
+from __future__ import annotations
+
+
+class LogError(Exception):
+    """Base of every event-log error."""
+
+
+class LogNotFound(LogError):
+    """No event log at the given location (and ``create`` was not asked)."""
+
+
+class WriterBusy(LogError):
+    """Another live writer holds this segment (one writer per segment; a dead one frees it)."""
+
+
+class EventRejected(LogError, ValueError):
+    """An event could not be appended; the log is unchanged. Names the event type and field."""
+
+    def __init__(self, kind: str, field: str | None, problem: str):
+        self.kind = kind
+        self.field = field
+        self.problem = problem
+        where = f"{kind}.{field}" if field else kind
+        super().__init__(f"event rejected, log unchanged: {where}: {problem}")
+
+
+class CorruptionError(LogError):
+    """Committed bytes no longer match their checksum (or a commit record is unreadable)."""
+
+    def __init__(self, segment: str, array: str, chunk: int | None, problem: str):
+        self.segment = segment
+        self.array = array
+        self.chunk = chunk
+        self.problem = problem
+        where = f"segment {segment!r}, array {array!r}" + (f", chunk {chunk}" if chunk is not None else "")
+        super().__init__(f"corrupt event log: {where}: {problem}")

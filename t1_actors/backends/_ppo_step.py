@@ -1,0 +1,263 @@
+"""One PPO step on a ``TrajectoryBatch``, written once for every learner backend.
+
+A backend hands in its policy as a ``Trainable``: a forward ``(inputs [B,T], routing_replay | None,
+capture_routing) -> (logits [B,T,V], routing [B,T,L,k] | None)``, its parameters and its optimiser
+(and, for a colocated critic, a value forward ``inputs -> V [B,T]``). The maths is ``t1_actors.ppo``.
+
+Data parallel: each rank holds its own shard of the batch. Losses are token sums divided by the
+*global* loss-token count of the minibatch, gradients are summed over ranks (one flat all-reduce), so
+the update equals the single-process update on the whole batch. Metrics are reduced the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from .. import ppo
+from ._learner_batch import TrajectoryBatch
+
+PolicyForward = Callable[[torch.Tensor, "torch.Tensor | None", bool], "tuple[torch.Tensor, torch.Tensor | None]"]
+ValueForward = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Trainable:
+    """What the step needs of a model: how to run it, what to update, and the optimiser doing it."""
+
+    forward: Callable
+    parameters: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+
+
+# ----------------------------------------------------------------------------------------- collectives
+
+def world_size(group=None) -> int:
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+
+
+def all_reduce_sum(values: torch.Tensor, group=None) -> torch.Tensor:
+    if world_size(group) > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.SUM, group=group)
+    return values
+
+
+def allreduce_gradients(parameters: list[torch.nn.Parameter], group=None) -> None:
+    """Sum gradients over ranks in one flat buffer. An expert no token of this rank chose has no
+    gradient here but may on another rank, so missing gradients join as zeros."""
+    if world_size(group) == 1:
+        return
+    for p in parameters:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in parameters]
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        g.copy_(synced)
+
+
+def optimizer_step(model: Trainable, loss: torch.Tensor, max_grad_norm: float, group=None) -> float:
+    model.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    allreduce_gradients(model.parameters, group)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters, max_grad_norm)
+    model.optimizer.step()
+    return float(grad_norm)
+
+
+# ------------------------------------------------------------------------------------------ the targets
+
+def advantages_and_returns(batch: TrajectoryBatch, cfg: ppo.PPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE advantages and value targets, aligned to actions (``[B, T-1]``), from the batch's old values."""
+    if batch.old_values is None:
+        raise ValueError("the batch has no old values V(s_j); attach the critic's values (CriticValues from "
+                         "the log, or critic.values(batch)) before the PPO step")
+    mask = batch.action_mask
+    values = batch.old_values[:, 1:]
+    rewards = ppo.terminal_rewards(batch.rewards, mask)
+    advantages = ppo.gae_advantages(rewards, values, mask, cfg.gamma, cfg.lam)
+    return advantages, ppo.returns(advantages, values)
+
+
+def monte_carlo_returns(batch: TrajectoryBatch, cfg: ppo.PPOConfig) -> torch.Tensor:
+    """Value targets with no critic yet (warm-up): GAE with V = 0 and lambda = 1 is the discounted return."""
+    mask = batch.action_mask
+    zeros = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    rewards = ppo.terminal_rewards(batch.rewards, mask)
+    return ppo.returns(ppo.gae_advantages(rewards, zeros, mask, cfg.gamma, 1.0), zeros)
+
+
+# -------------------------------------------------------------------------------------------- fidelity
+
+def logprob_gap_sum(logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum over loss tokens of |train logprob - sampler logprob| (divide by the token count for the mean)."""
+    return ((logprobs.detach() - sampler_logprobs).abs() * mask).sum()
+
+
+def routing_mismatch_counts(live: torch.Tensor, record: torch.Tensor, valid: torch.Tensor) -> tuple[int, int]:
+    """(recorded expert choices the live router did not make, all choices) over real positions.
+
+    Compared as sets per (token, layer): the order of the k ids does not matter.
+    """
+    chosen = (record.unsqueeze(-1) == live.unsqueeze(-2)).any(-1)  # [B, T, L, k]
+    choices = chosen[valid]
+    return int((~choices).sum()), int(choices.numel())
+
+
+@torch.no_grad()
+def fidelity_without_replay(forward: PolicyForward, batch: TrajectoryBatch, temperature: float) -> torch.Tensor:
+    """[gap sum, loss tokens, mismatched choices, choices] of a forward that routes live (no R3)."""
+    logits, live = forward(batch.inputs, None, batch.routing is not None)
+    logprobs = ppo.token_logprobs(logits, batch.targets, temperature)
+    gap = logprob_gap_sum(logprobs, batch.sampler_logprobs[:, 1:], batch.action_mask)
+    mismatched, choices = (0, 0) if batch.routing is None else routing_mismatch_counts(live, batch.routing, batch.input_valid)
+    return torch.tensor([float(gap), float(batch.action_mask.sum()), mismatched, choices], dtype=torch.float64)
+
+
+# ------------------------------------------------------------------------------------------- the loops
+
+def minibatch_plan(batch_size: int, cfg: ppo.PPOConfig, seed: int) -> list[tuple[int, list[int]]]:
+    """(epoch, rows) of every optimiser update: trajectories shuffled per epoch, split in ``minibatches``."""
+    plan = []
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(batch_size, generator=torch.Generator().manual_seed(seed * 1009 + epoch)).tolist() \
+            if cfg.minibatches > 1 else list(range(batch_size))
+        for m in range(cfg.minibatches):
+            plan.append((epoch, order[m::cfg.minibatches]))
+    return plan
+
+
+def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, *,
+                 critic: Trainable | None = None, replay: bool = True, fidelity: bool = True,
+                 seed: int = 0, group=None) -> dict[str, float]:
+    """Clipped-surrogate updates of the policy (and the colocated critic's clipped value loss).
+
+    ``replay``: the training forward replays the batch's routing record (R3). ``fidelity``: also run
+    one no-grad forward without replay, for the logprob gap and routing mismatch without R3.
+    Returns the step's metrics (reduced over data-parallel ranks).
+    """
+    started = time.perf_counter()
+    if replay and batch.routing is None:
+        raise ValueError("replay=True but the batch has no routing record; collate with routing or disable R3")
+    if cfg.moe_aux_loss_coef != 0.0:
+        raise ValueError("the torch learner applies no MoE load-balancing loss; the recipe sets "
+                         "moe_aux_loss_coef = 0 (use the megatron backend for an auxiliary loss)")
+    routing = batch.routing if replay else None
+    mask = batch.action_mask
+    advantages, returns = advantages_and_returns(batch, cfg)
+    if cfg.normalize_advantages:
+        advantages = ppo.whiten(advantages, mask)
+    old_values = batch.old_values[:, 1:]
+    sampler_logprobs = batch.sampler_logprobs[:, 1:]
+    if cfg.old_logprobs == "recompute":
+        with torch.no_grad():
+            old_logprobs = ppo.token_logprobs(policy.forward(batch.inputs, routing, False)[0], batch.targets,
+                                              cfg.temperature)
+    else:
+        old_logprobs = sampler_logprobs
+
+    no_replay = fidelity_without_replay(policy.forward, batch, cfg.temperature) if fidelity and replay else None
+
+    # sums over loss tokens, reduced over ranks at the end: clip, kl, entropy, gap(epoch 0), tokens, tokens(epoch 0)
+    sums = torch.zeros(6, dtype=torch.float64)
+    losses = torch.zeros(2, dtype=torch.float64)  # policy, value: each already divided by the global count
+    grad_norms = []
+    plan = minibatch_plan(len(batch), cfg, seed)
+    for epoch, rows in plan:
+        mb_mask = mask[rows]
+        normalizer = all_reduce_sum(torch.tensor(float(mb_mask.sum())), group).clamp(min=1.0)
+        logits, _ = policy.forward(batch.inputs[rows], None if routing is None else routing[rows], False)
+        logprobs = ppo.token_logprobs(logits, batch.targets[rows], cfg.temperature)
+        loss, clip_fraction = ppo.ppo_policy_loss(logprobs, old_logprobs[rows], advantages[rows], mb_mask,
+                                                  cfg.clip_eps, normalizer)
+        count = float(mb_mask.sum())
+        if cfg.entropy_coef > 0:
+            ent = ppo.entropy(logits, mb_mask, cfg.temperature)
+            loss = loss - cfg.entropy_coef * ent * count / normalizer
+        else:
+            with torch.no_grad():
+                ent = ppo.entropy(logits.detach(), mb_mask, cfg.temperature)
+        with torch.no_grad():
+            kl = ppo.approx_kl(logprobs.detach(), old_logprobs[rows], mb_mask)
+            sums[0:3] += torch.tensor([float(clip_fraction), float(kl), float(ent)], dtype=torch.float64) * count
+            sums[4] += count
+            if epoch == 0:
+                sums[3] += float(logprob_gap_sum(logprobs, sampler_logprobs[rows], mb_mask))
+                sums[5] += count
+        losses[0] += float(loss.detach())
+        grad_norms.append(optimizer_step(policy, loss, cfg.max_grad_norm, group))
+        if critic is not None:
+            values = critic.forward(batch.inputs[rows])
+            v_loss = ppo.clipped_value_loss(values, old_values[rows], returns[rows], mb_mask,
+                                            cfg.value_clip_eps, normalizer)
+            losses[1] += float(v_loss.detach())
+            optimizer_step(critic, v_loss, cfg.max_grad_norm, group)
+
+    sums = all_reduce_sum(sums, group)
+    losses = all_reduce_sum(losses, group) / len(plan)
+    tokens = all_reduce_sum(torch.tensor([float(batch.num_tokens), float(batch.action_mask.sum()),
+                                          float(batch.rewards.sum()), float(len(batch))], dtype=torch.float64), group)
+    elapsed = time.perf_counter() - started
+    metrics = {
+        "policy_loss": float(losses[0]),
+        "clip_fraction": float(sums[0] / sums[4].clamp(min=1)),
+        "approx_kl": float(sums[1] / sums[4].clamp(min=1)),
+        "entropy": float(sums[2] / sums[4].clamp(min=1)),
+        ("logprob_gap_r3" if replay else "logprob_gap_no_r3"): float(sums[3] / sums[5].clamp(min=1)),
+        "explained_variance": _explained_variance(old_values, returns, mask, group),
+        "grad_norm": sum(grad_norms) / len(grad_norms),
+        "reward_mean": float(tokens[2] / tokens[3]),
+        "loss_tokens": float(tokens[1]),
+        "tokens": float(tokens[0]),
+        "tokens_per_s": float(tokens[0]) / elapsed,
+        "step_seconds": elapsed,
+        "r3": float(replay),
+    }
+    if critic is not None:
+        metrics["value_loss"] = float(losses[1])
+    if no_replay is not None:
+        no_replay = all_reduce_sum(no_replay, group)
+        metrics["logprob_gap_no_r3"] = float(no_replay[0] / no_replay[1].clamp(min=1))
+        metrics["routing_mismatch_no_r3"] = float(no_replay[2] / no_replay[3].clamp(min=1))
+    return metrics
+
+
+def run_value_updates(critic: Trainable, batch: TrajectoryBatch, returns: torch.Tensor, cfg: ppo.PPOConfig, *,
+                      clipped: bool = True, epochs: int | None = None, seed: int = 0, group=None) -> dict[str, float]:
+    """Critic updates toward ``returns`` (aligned to actions): the clipped value loss against the batch's
+    old values, or (``clipped=False``, warm-up) the plain squared error."""
+    mask = batch.action_mask
+    if clipped and batch.old_values is None:
+        raise ValueError("the clipped value loss needs the batch's old values V_old (the values used for GAE)")
+    old_values = batch.old_values[:, 1:] if batch.old_values is not None else None
+    plan = minibatch_plan(len(batch), cfg.model_copy(update={"epochs": epochs or cfg.epochs}), seed)
+    total = 0.0
+    for _, rows in plan:
+        mb_mask = mask[rows]
+        normalizer = all_reduce_sum(torch.tensor(float(mb_mask.sum())), group).clamp(min=1.0)
+        values = critic.forward(batch.inputs[rows])
+        if clipped:
+            loss = ppo.clipped_value_loss(values, old_values[rows], returns[rows], mb_mask, cfg.value_clip_eps, normalizer)
+        else:
+            loss = ppo.value_loss(values, returns[rows], mb_mask, normalizer)
+        total += float(loss.detach())
+        optimizer_step(critic, loss, cfg.max_grad_norm, group)
+    return {"value_loss": float(all_reduce_sum(torch.tensor(total), group)) / len(plan)}
+
+
+def _explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, group=None) -> float:
+    """EV over every rank's loss tokens (gathered: a few floats per token)."""
+    m = mask.bool()
+    if world_size(group) == 1:
+        return ppo.explained_variance(values, returns, m)
+    pairs = [None] * world_size(group)
+    dist.all_gather_object(pairs, (values[m].detach().cpu(), returns[m].detach().cpu()), group=group)
+    v = torch.cat([p[0] for p in pairs])
+    r = torch.cat([p[1] for p in pairs])
+    return ppo.explained_variance(v.unsqueeze(0), r.unsqueeze(0), torch.ones_like(v, dtype=torch.bool).unsqueeze(0))

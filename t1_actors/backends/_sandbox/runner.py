@@ -1,0 +1,72 @@
+"""Run a command inside a mounted sandbox root: bubblewrap for the namespaces, a fresh cgroup for
+memory/process/CPU caps and the kill switch, rlimits for CPU time, file size and core dumps."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import cgroups, linux
+from .interface import ExecResult, SandboxInfraError
+from .process import run_captured
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+BASE_ENV = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", "DEBIAN_FRONTEND": "noninteractive"}
+_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class ExecLimits:
+    """Caps of one command. CPU time defaults to the wall-clock timeout times the CPU share (+1 s)."""
+
+    timeout_s: float
+    memory_bytes: int
+    pids: int = 256
+    cpus: float = 1.0
+    file_size_bytes: int = 512 << 20
+    max_output_bytes: int = 64 << 10
+
+    @property
+    def cpu_seconds(self) -> int:
+        return int(math.ceil(self.timeout_s * max(self.cpus, 1.0))) + 1
+
+
+def bwrap_path() -> str:
+    found = shutil.which("bwrap")
+    if not found:
+        raise SandboxInfraError("bubblewrap (bwrap) is not installed; apt-get install bubblewrap")
+    return found
+
+
+def run_in_root(root: Path, argv: list[str], *, env: dict[str, str], workdir: str, limits: ExecLimits,
+                network: bool, name: str, stdin: bytes | None = None) -> ExecResult:
+    """Run ``argv`` with ``root`` as /, in fresh pid/ipc/uts (and net unless ``network``) namespaces."""
+    caps = [arg for cap in linux.DOCKER_DEFAULT_CAPS for arg in ("--cap-add", cap)]
+    sandbox = [bwrap_path(), "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
+               "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
+               *([] if network else ["--unshare-net"]), "--die-with-parent", "--new-session",
+               "--cap-drop", "ALL", *caps, "--chdir", workdir, "--", *argv]
+    cg_name = f"{name}-{os.getpid()}-{next(_counter)}"
+    with cgroups.CommandCgroup(cg_name, cgroups.CgroupLimits(limits.memory_bytes, limits.pids, limits.cpus)) as cg:
+        launcher = (f"{cg.enter_snippet()}ulimit -t {limits.cpu_seconds} && ulimit -c 0 && "  # dash: one per call
+                    f"ulimit -f {max(1, limits.file_size_bytes // 512)} && exec \"$@\"")  # -f: 512-byte blocks
+        try:
+            done = run_captured(["/bin/sh", "-c", launcher, "t1-launch", *sandbox], env=env, stdin=stdin,
+                                timeout_s=limits.timeout_s, max_output_bytes=limits.max_output_bytes, kill=cg.kill)
+        except OSError as exc:
+            raise SandboxInfraError(f"could not start the sandbox process: {exc}") from exc
+        hit = cg.hit()
+    stderr = done.stderr.decode("utf-8", "replace")
+    if done.exit_code == 1 and stderr.startswith("bwrap:") and not done.timed_out:
+        raise SandboxInfraError(f"bubblewrap failed: {stderr.strip()[:500]}")
+    killed_by = "timeout" if done.timed_out else hit or _signal_limit(done.exit_code)
+    return ExecResult(done.exit_code, done.stdout.decode("utf-8", "replace"), stderr, done.duration_s,
+                      done.stdout_truncated, done.stderr_truncated, done.timed_out, killed_by)
+
+
+def _signal_limit(exit_code: int) -> str | None:
+    return {128 + 24: "cpu", 128 + 25: "file_size", 128 + 9: "killed"}.get(exit_code)

@@ -1,0 +1,212 @@
+"""The local sandbox backend (embedded default): bubblewrap over a private copy-on-write root per trial.
+
+Each trial's root is an overlayfs stack (see ``_sandbox/layers.py``): the host's system directories at
+the bottom, read-only; the task's environment image above them (the Dockerfile replayed, files and
+setup; built once per environment and cached); the trial's own upper layer on top, where every write
+lands. The host is never modified; closing a sandbox unmounts it and deletes the upper layer.
+
+Each tool call runs in ``bwrap`` with fresh pid/ipc/uts/net namespaces (no network during the agent's
+turns; build steps get the host's, as a Docker build would), Docker's default capabilities less
+CAP_MKNOD, and its own cgroup: memory and process caps, CPU share, and a kill switch for the whole
+tree at the wall-clock timeout; rlimits cap CPU time and file size; output is capped per stream and
+flagged when truncated. Processes do not outlive their tool call (the pid namespace ends with it).
+
+Usage::
+
+    backend = LocalSandboxBackend(LocalSandboxConfig())
+    sandbox = backend.open(task, "trial-1")
+    result = sandbox.exec("ls /app", timeout_s=5)
+    sandbox.close()
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ._sandbox import cgroups
+from ._sandbox.image import Image, SandboxBuildError, build_image
+from ._sandbox.interface import BuildReport, ExecResult, Sandbox, SandboxBackend, SandboxInfraError
+from ._sandbox.layers import Layer, RootStack, make_skeleton, remove_tree, unmount_all
+from ._sandbox.rootfs import RootFS
+from ._sandbox.runner import BASE_ENV, ExecLimits, bwrap_path, run_in_root
+
+if TYPE_CHECKING:
+    from t1_actors.tasks.model import Task
+
+__all__ = ["LocalSandboxConfig", "LocalSandboxBackend", "LocalSandbox", "TrialRoot", "ExecResult",
+           "SandboxInfraError", "SandboxBuildError", "Sandbox", "SandboxBackend", "BuildReport"]
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class LocalSandboxConfig(BaseModel):
+    """The ``[sandbox.local]`` section of the run config. Per-command limits come from each task's Limits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_dir: str = Field("/tmp/t1-sandbox", description="images, trials and the skeleton root live here")
+    pids_max: int = Field(256, gt=8, description="processes + threads per command (fork bombs stop here)")
+    file_size_mb: int = Field(512, gt=0, description="largest file one command may write")
+    build_network: bool = Field(True, description="Dockerfile RUN / setup steps may reach package registries")
+    build_memory_mb: int = Field(4096, gt=0, description="memory cap of one environment build step")
+
+
+@dataclass(frozen=True)
+class TrialRoot:
+    """What the verifier needs to stack its own view on a trial's final root (same host, shared disk)."""
+
+    trial_id: str
+    stack: RootStack
+    upper: Layer
+    workdir: str
+    env: dict[str, str]
+
+    def to_json(self) -> dict:
+        return {"trial_id": self.trial_id, "stack": self.stack.to_json(), "upper": str(self.upper.path),
+                "workdir": self.workdir, "env": self.env}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TrialRoot":
+        return cls(data["trial_id"], RootStack.from_json(data["stack"]), Layer(Path(data["upper"])),
+                   data["workdir"], data["env"])
+
+
+class LocalSandboxBackend:
+    """Opens local sandboxes. Thread-safe; one per process is plenty."""
+
+    name = "local"
+
+    def __init__(self, config: LocalSandboxConfig | None = None):
+        self.config = config or LocalSandboxConfig()
+        problem = cgroups.available()
+        if problem:
+            raise SandboxInfraError(f"local sandbox needs per-command cgroups: {problem}")
+        bwrap_path()
+        self.base = Path(self.config.base_dir)
+        self.trials_dir = self.base / "trials"
+        self.trials_dir.mkdir(parents=True, exist_ok=True)
+        system_dirs = make_skeleton(self.base / "skeleton")
+        self.base_stack = RootStack(self.base / "skeleton", (), system_dirs)
+        self._images: dict[str, Image] = {}
+        self._lock = threading.Lock()
+        self._open: dict[str, "LocalSandbox"] = {}
+        self.sweep_stale()
+
+    def image(self, task: "Task") -> Image:
+        """The task's environment image (built on first use, then cached on disk and in memory)."""
+        limits = task.limits
+        build_limits = ExecLimits(limits.build_timeout_s, self.config.build_memory_mb << 20, self.config.pids_max,
+                                  max(limits.cpus, 1.0), self.config.file_size_mb << 20, 64 << 10)
+        image = build_image(task, self.base / "images", self.base_stack, build_limits, self.config.build_network)
+        with self._lock:
+            self._images[image.key] = image
+        return image
+
+    def open(self, task: "Task", trial_id: str) -> "LocalSandbox":
+        image = self.image(task)
+        directory = self.trials_dir / f"{_SAFE.sub('_', trial_id)[:64]}-{secrets.token_hex(4)}"
+        stack = RootStack(self.base_stack.skeleton, (image.layer,), self.base_stack.system_dirs)
+        try:
+            upper = Layer(directory / "upper").create(stack.system_dirs)
+            (directory / "owner").write_text(str(os.getpid()))
+            merged = directory / "root"
+            merged.mkdir()
+            mounted = stack.mount(merged, upper, directory / "work")
+        except OSError as exc:
+            remove_tree(directory)
+            raise SandboxInfraError(f"cannot mount the root of trial {trial_id}: {exc}") from exc
+        sandbox = LocalSandbox(self, task, trial_id, directory, merged, mounted,
+                               TrialRoot(trial_id, stack, upper, image.workdir, {**BASE_ENV, **image.env}),
+                               image.report)
+        with self._lock:
+            self._open[sandbox.directory.name] = sandbox
+        return sandbox
+
+    def _forget(self, sandbox: "LocalSandbox") -> None:
+        with self._lock:
+            self._open.pop(sandbox.directory.name, None)
+
+    def sweep_stale(self) -> int:
+        """Unmount and delete trial roots whose owning process is gone (a crashed run). Returns how many."""
+        swept = 0
+        for directory in self.trials_dir.iterdir():
+            try:
+                owner = int((directory / "owner").read_text())
+                os.kill(owner, 0)
+                continue
+            except (OSError, ValueError):
+                pass
+            remove_tree(directory)
+            swept += 1
+        return swept
+
+    def close(self) -> None:
+        with self._lock:
+            sandboxes = list(self._open.values())
+        for sandbox in sandboxes:
+            sandbox.close()
+
+
+class LocalSandbox:
+    """One trial's sandbox. ``exec`` may be called from any thread, one call at a time per trial."""
+
+    def __init__(self, backend: LocalSandboxBackend, task: "Task", trial_id: str, directory: Path, root: Path,
+                 mounted: list[str], trial_root: TrialRoot, build: BuildReport):
+        self.backend = backend
+        self.task = task
+        self.trial_id = trial_id
+        self.directory = directory
+        self.root = root
+        self.trial_root = trial_root
+        self.build = build
+        self._mounted = mounted
+        self._files = RootFS(root)
+        self._closed = False
+
+    def limits(self, timeout_s: float | None) -> ExecLimits:
+        limits = self.task.limits
+        config = self.backend.config
+        return ExecLimits(timeout_s or limits.command_timeout_s, limits.memory_mb << 20, config.pids_max,
+                          limits.cpus, config.file_size_mb << 20, limits.max_output_bytes)
+
+    def exec(self, command: str, timeout_s: float | None = None, *, network: bool = False) -> ExecResult:
+        """Run ``command`` through /bin/sh in the trial's root, in its workdir, without network."""
+        self._check_open()
+        return run_in_root(self.root, ["/bin/sh", "-c", command], env=self.trial_root.env,
+                           workdir=self.trial_root.workdir, limits=self.limits(timeout_s), network=network,
+                           name=_SAFE.sub("_", self.trial_id)[:40])
+
+    def read_file(self, path: str) -> bytes:
+        self._check_open()
+        return self._files.read(path)
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        self._check_open()
+        self._files.write(path, data, mode)
+
+    def close(self) -> None:
+        """Unmount and delete the trial's root. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        unmount_all(self._mounted)
+        remove_tree(self.directory)
+        self.backend._forget(self)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxInfraError(f"sandbox of trial {self.trial_id} is closed")
+
+    def __enter__(self) -> "LocalSandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

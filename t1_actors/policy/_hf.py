@@ -1,0 +1,159 @@
+"""Hugging Face Qwen3-MoE checkpoints <-> MoEPolicy: config.json fields and safetensors layout.
+
+On disk experts are stored per expert (``mlp.experts.{e}.{gate,up,down}_proj.weight``), the layout
+transformers writes and SGLang loads; in memory they are 3D (``gate_up_proj``, ``down_proj``).
+A checkpoint already in the 3D layout loads too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .config import ModelConfig
+
+_EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def config_from_hf(hf: dict) -> ModelConfig:
+    """ModelConfig from a Qwen3-MoE ``config.json`` dict; a clear error for what we do not implement."""
+    model_type = hf.get("model_type")
+    if model_type not in (None, "qwen3_moe"):
+        raise ValueError(f"config.json has model_type {model_type!r}; only 'qwen3_moe' checkpoints load here")
+    sparse_step = hf.get("decoder_sparse_step", 1)
+    if sparse_step != 1 or hf.get("mlp_only_layers"):
+        raise ValueError("checkpoint has dense MLP layers (decoder_sparse_step != 1 or mlp_only_layers); "
+                         "MoEPolicy needs every layer to be MoE")
+    if hf.get("use_sliding_window"):
+        raise ValueError("checkpoint uses sliding-window attention, which MoEPolicy does not implement")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise ValueError(f"rope type {rope.get('rope_type')!r} is not implemented (only default RoPE)")
+    heads = hf["num_attention_heads"]
+    return ModelConfig(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads", heads),
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        num_experts=hf.get("num_experts", hf.get("num_local_experts")),
+        top_k=hf["num_experts_per_tok"], moe_intermediate_size=hf["moe_intermediate_size"],
+        norm_topk_prob=hf.get("norm_topk_prob", False),
+        rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6), max_position=hf.get("max_position_embeddings", 2048),
+        tie_word_embeddings=hf.get("tie_word_embeddings", False),
+    )
+
+
+def config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict:
+    """A ``config.json`` that transformers (4.x and 5.x) and SGLang read as Qwen3-MoE."""
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.moe_intermediate_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim, "num_experts": config.num_experts,
+        "num_experts_per_tok": config.top_k, "moe_intermediate_size": config.moe_intermediate_size,
+        "norm_topk_prob": config.norm_topk_prob, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "rope_theta": config.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rms_norm_eps": config.rms_norm_eps, "max_position_embeddings": config.max_position,
+        "tie_word_embeddings": config.tie_word_embeddings, "hidden_act": "silu", "attention_bias": False,
+        "use_sliding_window": False, "router_aux_loss_coef": 0.0, "output_router_logits": False,
+        "torch_dtype": str(dtype).removeprefix("torch."), "dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def to_hf_state_dict(state: dict[str, torch.Tensor], tied: bool) -> dict[str, torch.Tensor]:
+    """In-memory (3D experts) -> on-disk per-expert layout."""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        if tied and key == "lm_head.weight":
+            continue
+        if key.endswith("mlp.experts.gate_up_proj"):
+            prefix = key.removesuffix(".gate_up_proj")
+            for e, w in enumerate(tensor):
+                gate, up = w.chunk(2, dim=0)
+                out[f"{prefix}.{e}.gate_proj.weight"] = gate.contiguous()
+                out[f"{prefix}.{e}.up_proj.weight"] = up.contiguous()
+        elif key.endswith("mlp.experts.down_proj"):
+            prefix = key.removesuffix(".down_proj")
+            for e, w in enumerate(tensor):
+                out[f"{prefix}.{e}.down_proj.weight"] = w.contiguous()
+        else:
+            out[key] = tensor.contiguous()
+    return out
+
+
+def from_hf_state_dict(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """On-disk per-expert layout (or already 3D) -> in-memory 3D experts."""
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
+    for key, tensor in tensors.items():
+        match = _EXPERT_KEY.match(key)
+        if match:
+            prefix, e, kind = match.group(1), int(match.group(2)), match.group(3)
+            experts.setdefault(prefix, {}).setdefault(kind, {})[e] = tensor
+        else:
+            out[key] = tensor
+    for prefix, kinds in experts.items():
+        try:
+            gate = [kinds["gate_proj"][e] for e in range(config.num_experts)]
+            up = [kinds["up_proj"][e] for e in range(config.num_experts)]
+            down = [kinds["down_proj"][e] for e in range(config.num_experts)]
+        except KeyError as missing:
+            raise ValueError(f"checkpoint lacks expert {missing} of {prefix} "
+                             f"(config says {config.num_experts} experts)") from None
+        out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat(pair) for pair in zip(gate, up)])
+        out[f"{prefix}.down_proj"] = torch.stack(down)
+    if config.tie_word_embeddings:
+        out.pop("lm_head.weight", None)
+    return out
+
+
+def save_pretrained(policy, path: str | Path) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (per-expert layout) into directory ``path``."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu() for k, v in policy.state_dict().items()}
+    dtype = next(iter(state.values())).dtype
+    tensors = to_hf_state_dict(state, policy.config.tie_word_embeddings)
+    tmp = path / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(path / "model.safetensors")  # readers never see a half-written file
+    (path / "config.json").write_text(json.dumps(config_to_hf(policy.config, dtype), indent=2))
+    return path
+
+
+def from_pretrained(path: str | Path, *, dtype: torch.dtype | None = None):
+    """MoEPolicy from a Hugging Face Qwen3-MoE directory (config.json + one or more *.safetensors)."""
+    from .model import MoEPolicy
+
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} not found; from_pretrained wants a Hugging Face model "
+                                "directory (config.json + *.safetensors)")
+    config = config_from_hf(json.loads(config_file.read_text()))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path} (only safetensors checkpoints load)")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+    state = from_hf_state_dict(tensors, config)
+    policy = MoEPolicy(config)
+    missing, unexpected = policy.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path} does not match its config.json: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    if dtype is not None:
+        policy = policy.to(dtype)
+    elif tensors:
+        policy = policy.to(next(iter(tensors.values())).dtype)
+    return policy

@@ -1,0 +1,138 @@
+"""Rollout logic: one trial of a terminal task, as an agent loop, apart from any orchestration.
+
+The loop is the harness a user would write: render the chat so far with the template, tokenize it
+(this is p_i, what the sampler sees), sample an assistant turn (a_i, with logprobs and routing), parse
+its tool call, run the command in the trial's sandbox, append the (truncated) output as a tool turn,
+repeat until the agent answers without a tool call, runs out of turns, or out of context. The harness
+re-renders parsed tool calls rather than echoing sampled text, exactly like real harnesses do, which is
+why TITO (``t1_actors.tito``) must repair turn boundaries afterwards.
+
+Engines are reached through two narrow async ports, so the same loop runs against the in-process torch
+policy, the sampler actor over pynng, or an SGLang server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Protocol
+
+import numpy as np
+
+from .policy.chat_template import parse_tool_calls, render_chat
+
+SYSTEM_PROMPT = "You are a shell agent. Run one bash command per turn with a tool call. Answer done when finished."
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a sampler returns for one turn."""
+
+    output_ids: np.ndarray  # int32 [n]
+    logprobs: np.ndarray  # float32 [n]
+    routing: np.ndarray | None  # [len(prompt)+n-1, L, k]
+    policy_version: int
+    finish_reason: str  # stop | length | cancelled | error
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    exit_code: int
+    output: str  # stdout + stderr, as the agent will see it
+    infra_error: str | None = None
+
+
+class SamplePort(Protocol):
+    def __call__(self, prompt_ids: np.ndarray, turn: int) -> Awaitable[Generation]: ...
+
+
+class ExecPort(Protocol):
+    def __call__(self, command: str, turn: int) -> Awaitable[ToolOutcome]: ...
+
+
+@dataclass(frozen=True)
+class RolloutLimits:
+    max_turns: int = 4
+    max_new_tokens: int = 64
+    max_context: int = 768
+    tool_output_chars: int = 240
+
+
+@dataclass
+class TurnRecord:
+    prompt_ids: np.ndarray
+    generation: Generation
+    text: str
+    commands: list[str]
+
+
+@dataclass
+class TrialRollout:
+    """Everything a finished (or cancelled) trial produced, ready for the verifier and for TITO."""
+
+    turns: list[TurnRecord] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    finish: str = "answered"  # answered | max_turns | context | cancelled | sampler_error | infra_error
+    infra_error: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return int(sum(len(t.generation.output_ids) for t in self.turns))
+
+
+def first_messages(instruction: str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
+
+
+def truncate_output(text: str, limit: int) -> str:
+    """Keep the head of a long tool output and say it was cut (the model must learn what cut means)."""
+    return text if len(text) <= limit else text[:limit] + "\n[truncated]"
+
+
+def assistant_message(text: str) -> dict[str, Any]:
+    """Parse a sampled assistant text into the message the harness keeps (content + parsed tool calls)."""
+    calls = parse_tool_calls(text) or []
+    content = text.split("<tool_call>", 1)[0].strip()
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+async def run_trial(
+    instruction: str,
+    *,
+    sample: SamplePort,
+    execute: ExecPort,
+    encode: Callable[[str], list[int]],
+    decode: Callable[[list[int]], str],
+    limits: RolloutLimits = RolloutLimits(),
+    resume: TrialRollout | None = None,
+) -> TrialRollout:
+    """Play one trial; ``resume`` continues a cancelled one with its turns (and their versions) kept."""
+    rollout = resume or TrialRollout(messages=first_messages(instruction))
+    rollout.finish = "answered"
+    for turn in range(len(rollout.turns), limits.max_turns):
+        prompt_text = render_chat(rollout.messages, add_generation_prompt=True)
+        prompt_ids = np.asarray(encode(prompt_text), dtype=np.int32)
+        if len(prompt_ids) + limits.max_new_tokens > limits.max_context:
+            rollout.finish = "context"
+            return rollout
+        generation = await sample(prompt_ids, turn)
+        if generation.finish_reason in ("cancelled", "error"):
+            rollout.finish = "cancelled" if generation.finish_reason == "cancelled" else "sampler_error"
+            return rollout
+        text = decode(generation.output_ids.tolist())
+        message = assistant_message(text)
+        commands = [c.get("arguments", {}).get("command", "") for c in message.get("tool_calls", [])]
+        rollout.turns.append(TurnRecord(prompt_ids, generation, text, commands))
+        rollout.messages.append(message)
+        if not commands or generation.finish_reason != "stop":
+            return rollout
+        for command in commands:
+            outcome = await execute(command, turn)
+            if outcome.infra_error is not None:
+                rollout.finish, rollout.infra_error = "infra_error", outcome.infra_error
+                return rollout
+            rollout.messages.append({"role": "tool", "content": truncate_output(outcome.output, limits.tool_output_chars)})
+    rollout.finish = "max_turns"
+    return rollout

@@ -1,0 +1,484 @@
+"""TITO (token in, token out): train on the exact token ids the sampler produced.
+
+A harness renders the chat so far with the template and tokenizes it; that is p_i, the prompt the sampler saw
+at turn i. The sampler answers with ids a_i (plus their logprobs and routing). Next turn the harness renders
+the chat again, now containing the *decoded and parsed* text of a_i, and tokenizes it into p_{i+1}. Nothing
+guarantees that p_{i+1} contains a_i as ids: BPE may merge across the assistant/template boundary, the harness
+may strip whitespace or re-serialise a tool call, the template may drop past reasoning, and a sampled
+tokenization need not be the canonical one. Re-tokenizing the transcript for training would then train the
+policy on ids it never sampled (drift). TITO instead builds the training stream T from the sampler's own ids:
+
+    T = p_0 ++ a_0 ++ p_1[k_1:] ++ a_1 ++ p_2[k_2:] ++ a_2 ...      loss mask m_j = 1 iff T_j was sampled
+
+where p_{i+1}[:k_{i+1}] is the part of the next prompt that repeats what T already holds. Finding k at each
+turn boundary is the *repair*, tried strongest first, each case in one function below:
+
+1. ``strict``       p_i ++ a_i is a prefix of p_{i+1}: the stream is exactly what the sampler saw.
+2. ``normalized``   true after dropping s <= 96 tokens from the end of p_i and u <= 16 from the end of a_i
+                    (template suffixes, whitespace the harness normalised); the smallest s + u wins.
+3. ``retokenized``  the text of a_i equals the text of a span p_{i+1}[b:e], located by offset mapping; the
+                    stream keeps the sampled ids a_i in place of that span.
+4. ``split``        none of the above: a new chunk starts at p_{i+1}, same trial, same reward.
+
+Under 2 and 3 later turns train on a context that differs from the sampler's by the repaired tokens (a few);
+the loss tokens themselves never differ. That is the invariant: inside the loss region the trained ids equal
+the sampled ids, drift 0.0000 %. ``assemble`` checks it on every chunk and raises ``TitoDriftError`` if broken.
+
+Routing (R3) is aligned to T as well; see ``_align_routing`` for which turn's row each position takes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, Sequence
+
+import numpy as np
+
+from schemas import TrajectoryAssembled
+
+MAX_PROMPT_DROP = 96  # s: prompt-side tokens the normalized case may drop (template suffixes)
+MAX_SAMPLED_DROP = 16  # u: sampled tokens the normalized case may drop (whitespace the harness normalised)
+
+Case = Literal["strict", "normalized", "retokenized", "split"]
+CASES: tuple[Case, ...] = ("strict", "normalized", "retokenized", "split")
+
+
+class TitoError(ValueError):
+    """Bad input to TITO assembly; the message names the turn and the field."""
+
+
+class TitoDriftError(RuntimeError):
+    """The loss region of an assembled chunk holds ids the sampler did not sample (a TITO bug)."""
+
+
+class TurnLike(Protocol):
+    """One sampler turn. ``schemas.SamplerTurn`` events and ``Turn`` both fit."""
+
+    prompt_ids: np.ndarray
+    sampled_ids: np.ndarray
+    sampler_logprobs: np.ndarray
+    routing: np.ndarray | None
+    policy_version: int
+    token_versions: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A turn as a custom harness hands it over.
+
+    ``routing`` has one row per position of ``prompt_ids ++ sampled_ids`` except the last sampled token (never
+    fed back): shape ``[len(prompt) + len(sampled) - 1, layers, k]``, or None when not captured.
+    ``token_versions`` is the policy version per sampled token when a generation spanned versions.
+    """
+
+    prompt_ids: np.ndarray
+    sampled_ids: np.ndarray
+    sampler_logprobs: np.ndarray
+    routing: np.ndarray | None = None
+    policy_version: int = 0
+    token_versions: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Repair:
+    """How one turn boundary i -> i+1 was repaired.
+
+    ``kept`` = k: p_{i+1}[:k] repeats what the stream already holds, p_{i+1}[k:] is new context.
+    ``prompt_dropped`` = s and ``sampled_dropped`` = u (normalized); ``span`` = (b, e) (retokenized).
+    ``aligned[j]`` is the position in p_i ++ a_i holding the token p_{i+1}[j] for j < k, -1 where none does
+    (the retokenized span); it lets routing rows of either turn land on the right stream position.
+    """
+
+    case: Case
+    kept: int = 0
+    prompt_dropped: int = 0
+    sampled_dropped: int = 0
+    span: tuple[int, int] | None = None
+    aligned: np.ndarray | None = None
+
+    @property
+    def context_mismatch(self) -> int:
+        """Tokens by which the stream's context for later turns differs from the sampler's (0 when strict)."""
+        if self.case == "retokenized" and self.span is not None:
+            return self.prompt_dropped + self.span[1] - self.span[0]
+        return self.prompt_dropped + self.sampled_dropped
+
+
+@dataclass(frozen=True)
+class LossSpan:
+    """Where turn ``turn``'s sampled ids sit in the chunk's stream: T[start : start + len(sampled_ids)]."""
+
+    turn: int
+    start: int
+    sampled_ids: np.ndarray
+
+
+@dataclass(frozen=True)
+class TrajectoryChunk:
+    """One training sequence of a trial. A trial is one chunk unless a boundary had to ``split``.
+
+    ``boundary_cases[n]`` is the repair that led into ``turns[n]`` (chunk 0 has no entry for turn 0; a later
+    chunk's first entry is ``"split"``), so across a trial's chunks every boundary is recorded once.
+    ``routing`` has ``len(token_ids) - 1`` rows; ``routing_recorded[j]`` is False for the few rows no sampler
+    turn ever computed (see ``_align_routing``).
+    """
+
+    index: int
+    token_ids: np.ndarray  # int32 [n]
+    loss_mask: np.ndarray  # uint8 [n]
+    sampler_logprobs: np.ndarray  # float32 [n], 0 outside the loss region
+    token_versions: np.ndarray  # int32 [n], 0 outside the loss region
+    routing: np.ndarray | None  # [n - 1, layers, k]
+    routing_recorded: np.ndarray | None  # bool [n - 1]
+    boundary_cases: tuple[Case, ...]
+    repairs: tuple[Repair, ...]
+    turns: tuple[int, ...]
+    loss_spans: tuple[LossSpan, ...]
+    reward: float
+    policy_version: int
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The four repair cases, strongest first.
+
+
+def strict(prompt: np.ndarray, sampled: np.ndarray, next_prompt: np.ndarray) -> Repair | None:
+    """Case 1, strict: p_i ++ a_i is a prefix of p_{i+1}; the new context is p_{i+1}[len(p_i) + len(a_i):].
+
+    (The issue writes "T_i is a prefix of p_{i+1}"; T_i is read as the sampler's view after turn i, p_i ++ a_i,
+    which equals the stream while every earlier boundary was strict.)
+    """
+    seen = np.concatenate([prompt, sampled])
+    if len(seen) > len(next_prompt) or not np.array_equal(next_prompt[: len(seen)], seen):
+        return None
+    return Repair("strict", kept=len(seen), aligned=np.arange(len(seen), dtype=np.int64))
+
+
+def normalized(prompt: np.ndarray, sampled: np.ndarray, next_prompt: np.ndarray) -> Repair | None:
+    """Case 2, normalized: min s + u over s <= 96, u <= 16 such that
+    p_i[:len(p_i) - s] ++ a_i[:len(a_i) - u] is a prefix of p_{i+1}; the new context is what follows it.
+
+    Ties go to the smaller s (keep more of the prompt as the sampler saw it). The s + u dropped tokens stay in
+    the stream (a_i's context was p_i and all of a_i is trained), so later turns see them as extra context.
+    """
+    n_prompt, n_sampled = len(prompt), len(sampled)
+    shared = _common_prefix(prompt, next_prompt)
+    best: tuple[int, int] | None = None
+    for s in range(n_prompt - shared, min(MAX_PROMPT_DROP, n_prompt) + 1):
+        if best is not None and s >= sum(best):
+            break
+        start = n_prompt - s
+        u = n_sampled - _common_prefix(sampled, next_prompt[start:])
+        if u <= MAX_SAMPLED_DROP and s + u > 0 and (best is None or s + u < sum(best)):
+            best = (s, u)
+    if best is None:
+        return None
+    s, u = best
+    aligned = np.concatenate([np.arange(n_prompt - s), n_prompt + np.arange(n_sampled - u)]).astype(np.int64)
+    return Repair("normalized", kept=len(aligned), prompt_dropped=s, sampled_dropped=u, aligned=aligned)
+
+
+def retokenized(prompt: np.ndarray, sampled: np.ndarray, next_prompt: np.ndarray, tokenizer: Any) -> Repair | None:
+    """Case 3, retokenized: p_{i+1}[:b] = p_i[:b] with b >= len(p_i) - 96, and the decoded text of a_i equals
+    the decoded text of the span p_{i+1}[b:e], where e is the token that starts where a_i's text ends in the
+    offset mapping of p_{i+1}. The new context is p_{i+1}[e:]; the stream keeps a_i's sampled ids, not the span.
+    """
+    text = _decode(tokenizer, sampled)
+    starts = _token_starts(tokenizer, next_prompt)
+    if not text or starts is None:
+        return None
+    n_prompt = len(prompt)
+    shared = _common_prefix(prompt, next_prompt)
+    for s in range(n_prompt - shared, min(MAX_PROMPT_DROP, n_prompt) + 1):
+        b = n_prompt - s
+        if b not in starts.char_of:
+            continue
+        e = starts.token_at.get(starts.char_of[b] + len(text))
+        if e is not None and e > b and _decode(tokenizer, next_prompt[b:e]) == text:
+            aligned = np.concatenate([np.arange(b), np.full(e - b, -1)]).astype(np.int64)
+            return Repair("retokenized", kept=e, prompt_dropped=s, span=(b, e), aligned=aligned)
+    return None
+
+
+def split() -> Repair:
+    """Case 4, split: no repair holds; the next turn starts a new chunk (same trial, same reward) whose
+    stream is p_{i+1} ++ a_{i+1}, exactly what the sampler saw."""
+    return Repair("split")
+
+
+def repair_boundary(prev: TurnLike, next_prompt: np.ndarray, tokenizer: Any) -> Repair:
+    """The strongest case that holds for the boundary from turn ``prev`` to the prompt ``next_prompt``."""
+    p, a = prev.prompt_ids, prev.sampled_ids
+    return (strict(p, a, next_prompt) or normalized(p, a, next_prompt)
+            or retokenized(p, a, next_prompt, tokenizer) or split())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Assembly.
+
+
+def assemble(turns: Sequence[TurnLike], tokenizer: Any, *, reward: float) -> list[TrajectoryChunk]:
+    """Assemble a trial's turns into TITO chunks (one unless a boundary splits), each checked for drift.
+
+    ``turns`` in order, each with the prompt ids the sampler saw, the ids it sampled, their logprobs, routing
+    and policy version (``Turn`` or ``schemas.SamplerTurn``). ``tokenizer`` is an HF ``tokenizers.Tokenizer``
+    (or a transformers fast tokenizer); it is used only for the retokenized case. Every chunk carries ``reward``.
+    """
+    if not turns:
+        raise TitoError("assemble: no turns; a trajectory needs at least one sampler turn")
+    turns = [_checked(turn, i) for i, turn in enumerate(turns)]
+    _check_routing_shapes(turns)
+    groups: list[list[int]] = [[0]]
+    repairs: list[list[Repair]] = [[]]
+    for i in range(1, len(turns)):
+        repair = repair_boundary(turns[i - 1], turns[i].prompt_ids, tokenizer)
+        if repair.case == "split":
+            groups.append([])
+            repairs.append([])
+        groups[-1].append(i)
+        repairs[-1].append(repair)
+    chunks = [_build_chunk(c, [turns[i] for i in g], g, r, reward) for c, (g, r) in enumerate(zip(groups, repairs))]
+    for chunk in chunks:
+        drift = loss_region_drift(chunk)
+        if drift:
+            raise TitoDriftError(f"chunk {chunk.index}: {drift} loss-region tokens differ from the sampled ids")
+    return chunks
+
+
+def loss_region_drift(chunk: TrajectoryChunk) -> int:
+    """Tokens where the stream breaks the invariant: a loss-region id differs from the sampled id, or the loss
+    mask disagrees with where the sampled ids sit. 0 for every chunk ``assemble`` returns."""
+    expected = np.zeros(len(chunk.token_ids), dtype=bool)
+    drift = 0
+    for span in chunk.loss_spans:
+        end = span.start + len(span.sampled_ids)
+        trained = chunk.token_ids[span.start:end]
+        drift += int(np.count_nonzero(trained != span.sampled_ids)) + len(span.sampled_ids) - len(trained)
+        expected[span.start:end] = True
+    return drift + int(np.count_nonzero(expected != chunk.loss_mask.astype(bool)))
+
+
+def to_event(chunk: TrajectoryChunk, *, trial_id: str, task_id: str) -> TrajectoryAssembled:
+    """The ``TrajectoryAssembled`` event recording a chunk (rows no turn recorded carry their fill; see
+    ``_align_routing``)."""
+    return TrajectoryAssembled(
+        trial_id=trial_id, chunk=chunk.index, task_id=task_id, token_ids=chunk.token_ids,
+        loss_mask=chunk.loss_mask, sampler_logprobs=chunk.sampler_logprobs, routing=chunk.routing,
+        token_versions=chunk.token_versions, boundary_cases=list(chunk.boundary_cases), reward=chunk.reward,
+        policy_version=chunk.policy_version, turns=len(chunk.turns),
+    )
+
+
+def tito_metrics(chunks: Sequence[TrajectoryChunk]) -> dict[str, float]:
+    """Run metrics over chunks: tokens, loss tokens, boundary cases, the share of loss tokens whose turn was
+    repaired by retokenization (the paper's residual 2.6 %), drift (must be 0) and unrecorded routing rows."""
+    cases = Counter(case for chunk in chunks for case in chunk.boundary_cases)
+    loss = sum(int(chunk.loss_mask.sum()) for chunk in chunks)
+    retok = sum(_retokenized_loss_tokens(chunk) for chunk in chunks)
+    drift = sum(loss_region_drift(chunk) for chunk in chunks)
+    return {
+        "chunks": len(chunks),
+        "turns": sum(len(chunk.turns) for chunk in chunks),
+        "tokens": sum(len(chunk.token_ids) for chunk in chunks),
+        "loss_tokens": loss,
+        **{f"boundary_{case}": cases[case] for case in CASES},
+        "retokenized_loss_tokens": retok,
+        "retokenized_share": retok / loss if loss else 0.0,
+        "context_mismatch_tokens": sum(r.context_mismatch for chunk in chunks for r in chunk.repairs),
+        "drift_tokens": drift,
+        "drift_rate": drift / loss if loss else 0.0,
+        "routing_rows_unrecorded": sum(int((~chunk.routing_recorded).sum()) for chunk in chunks
+                                       if chunk.routing_recorded is not None),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Private helpers.
+
+
+def _build_chunk(index: int, turns: list[TurnLike], numbers: list[int], repairs: list[Repair],
+                 reward: float) -> TrajectoryChunk:
+    """Concatenate the turns' new context and sampled ids; track, per turn, where each stream position sits
+    in that turn's own sequence p_t ++ a_t (for routing)."""
+    starts_with_split = index > 0
+    inner = repairs[1:] if starts_with_split else repairs  # repairs[0] of a later chunk is its split
+    pieces, mask, logprobs, versions, spans = [], [], [], [], []
+    positions: list[np.ndarray] = []  # per turn: stream position -> position in p_t ++ a_t, or -1
+    length = 0
+    for t, turn in enumerate(turns):
+        kept = 0 if t == 0 else inner[t - 1].kept
+        context = turn.prompt_ids[kept:]
+        sampled = turn.sampled_ids
+        if t > 0:
+            positions = [np.concatenate([p, np.full(len(context) + len(sampled), -1)]) for p in positions]
+            previous = positions[-1]
+            back = _inverse(inner[t - 1].aligned, len(turns[t - 1].prompt_ids) + len(turns[t - 1].sampled_ids))
+            mapped = np.where(previous >= 0, back[np.maximum(previous, 0)], -1)
+        else:
+            mapped = np.zeros(0, dtype=np.int64)
+        own = np.concatenate([mapped[:length], np.arange(kept, len(turn.prompt_ids) + len(sampled))])
+        positions.append(own)
+        spans.append(LossSpan(numbers[t], length + len(context), sampled))
+        pieces += [context, sampled]
+        mask += [np.zeros(len(context), np.uint8), np.ones(len(sampled), np.uint8)]
+        logprobs += [np.zeros(len(context), np.float32), turn.sampler_logprobs.astype(np.float32)]
+        own_versions = turn.token_versions if turn.token_versions is not None else np.full(len(sampled), turn.policy_version)
+        versions += [np.zeros(len(context), np.int32), np.asarray(own_versions, dtype=np.int32)]
+        length += len(context) + len(sampled)
+    loss_versions = np.concatenate(versions)[np.concatenate(mask).astype(bool)]
+    routing, recorded = _align_routing(turns, positions, spans, length)
+    return TrajectoryChunk(
+        index=index,
+        token_ids=np.concatenate(pieces).astype(np.int32),
+        loss_mask=np.concatenate(mask),
+        sampler_logprobs=np.concatenate(logprobs),
+        token_versions=np.concatenate(versions),
+        routing=routing,
+        routing_recorded=recorded,
+        boundary_cases=tuple(r.case for r in repairs),
+        repairs=tuple(repairs),
+        turns=tuple(numbers),
+        loss_spans=tuple(spans),
+        reward=float(reward),
+        policy_version=int(loss_versions.min()) if len(loss_versions) else min(t.policy_version for t in turns),
+    )
+
+
+def _align_routing(turns: list[TurnLike], positions: list[np.ndarray], spans: list[LossSpan],
+                   length: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Routing rows for stream positions 0 .. n-2 (the last token is never fed), chosen as:
+
+    - a sampled token keeps the row of the turn that sampled it (the routing its successors were sampled under);
+    - any other position (prompt side, or a turn's last sampled token, which its own turn never fed back) takes
+      the row of the *latest* turn that fed it. A prompt position is re-read by every later turn: under a
+      prefix-caching sampler (SGLang's radix cache) those rows are one record, under a recomputing one the latest
+      turn ran the newest policy version, closest to the learner that replays it.
+    - A row no turn computed exists only right after a normalized (u > 0) or retokenized boundary: the last
+      sampled token of that turn, which the next prompt does not contain as an id. It gets the row before it
+      (``routing_recorded`` False, counted in ``tito_metrics``); only later turns read it, and their context
+      already differs from the sampler's at that boundary.
+    """
+    if length < 2 or all(turn.routing is None for turn in turns):
+        return None, None
+    template = next(turn.routing for turn in turns if turn.routing is not None)
+    rows = length - 1
+    routing = np.zeros((rows, *template.shape[1:]), dtype=template.dtype)
+    filled = np.zeros(rows, dtype=bool)
+    for t, (turn, span) in enumerate(zip(turns, spans)):
+        if turn.routing is None or len(span.sampled_ids) < 2:
+            continue
+        stream = np.arange(span.start, span.start + len(span.sampled_ids) - 1)
+        routing[stream] = turn.routing[positions[t][stream]]
+        filled[stream] = True
+    for t in reversed(range(len(turns))):
+        if turns[t].routing is None:
+            continue
+        source = positions[t][:rows]
+        take = ~filled & (source >= 0) & (source < len(turns[t].routing))
+        routing[take] = turns[t].routing[source[take]]
+        filled |= take
+    recorded = filled.copy()
+    if not filled.any():
+        return None, None
+    last = np.maximum.accumulate(np.where(filled, np.arange(rows), -1))
+    first = int(np.argmax(filled))
+    routing[~filled] = routing[np.where(last >= 0, last, first)[~filled]]
+    return routing, recorded
+
+
+def _retokenized_loss_tokens(chunk: TrajectoryChunk) -> int:
+    """Loss tokens of turns whose outgoing boundary was repaired by retokenization (their ids differ from the
+    ids the next prompt holds for the same text)."""
+    offset = 1 if chunk.index > 0 else 0  # the chunk's incoming split
+    return sum(len(chunk.loss_spans[t].sampled_ids) for t in range(len(chunk.turns) - 1)
+               if chunk.boundary_cases[t + offset] == "retokenized")
+
+
+def _checked(turn: TurnLike, i: int) -> TurnLike:
+    """Validate one turn's arrays; clear errors naming the turn and the field."""
+    for name in ("prompt_ids", "sampled_ids", "sampler_logprobs", "policy_version"):
+        if not hasattr(turn, name):
+            raise TitoError(f"turn {i}: missing field {name!r} (pass t1_actors.tito.Turn or schemas.SamplerTurn)")
+    prompt = np.asarray(turn.prompt_ids)
+    sampled = np.asarray(turn.sampled_ids)
+    logprobs = np.asarray(turn.sampler_logprobs)
+    for name, arr in (("prompt_ids", prompt), ("sampled_ids", sampled)):
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            raise TitoError(f"turn {i}: {name} must be a 1-d integer array, got {arr.dtype} of shape {arr.shape}")
+    if len(prompt) == 0:
+        raise TitoError(f"turn {i}: prompt_ids is empty; the sampler always sees at least one token")
+    if logprobs.shape != sampled.shape:
+        raise TitoError(f"turn {i}: sampler_logprobs has shape {logprobs.shape}, sampled_ids {sampled.shape} "
+                        "(one logprob per sampled token)")
+    routing = getattr(turn, "routing", None)
+    if routing is not None:
+        rows = len(prompt) + len(sampled) - 1
+        if routing.ndim != 3 or len(routing) != rows:
+            raise TitoError(f"turn {i}: routing has shape {routing.shape}, expected [{rows}, layers, k] "
+                            "(one row per prompt and sampled position except the last sampled token)")
+    versions = getattr(turn, "token_versions", None)
+    if versions is not None and len(versions) != len(sampled):
+        raise TitoError(f"turn {i}: token_versions has {len(versions)} entries for {len(sampled)} sampled tokens")
+    return Turn(prompt.astype(np.int64), sampled.astype(np.int64), logprobs.astype(np.float32), routing,
+                int(turn.policy_version), None if versions is None else np.asarray(versions, dtype=np.int32))
+
+
+def _check_routing_shapes(turns: list[TurnLike]) -> None:
+    recorded = [(i, t.routing) for i, t in enumerate(turns) if t.routing is not None]
+    for i, routing in recorded[1:]:
+        first, ref = recorded[0]
+        if routing.shape[1:] != ref.shape[1:] or routing.dtype != ref.dtype:
+            raise TitoError(f"turn {i}: routing rows are {routing.dtype} {routing.shape[1:]}, turn {first}'s are "
+                            f"{ref.dtype} {ref.shape[1:]} (one model shape per trial; record with schemas.routing_dtype)")
+
+
+@dataclass(frozen=True)
+class _TokenStarts:
+    char_of: dict[int, int]  # token index -> char offset where it starts (tokens starting on a char boundary)
+    token_at: dict[int, int]  # the inverse, plus len(text) -> number of tokens
+
+
+def _token_starts(tokenizer: Any, ids: np.ndarray) -> _TokenStarts | None:
+    """Offset mapping of ``ids``: re-encode their text and read the offsets, when that reproduces the ids (it
+    does for a prompt the harness tokenized from rendered text). None when it does not."""
+    backend = _backend(tokenizer)
+    text = backend.decode([int(x) for x in ids], skip_special_tokens=False)
+    encoding = backend.encode(text, add_special_tokens=False)
+    if encoding.ids != [int(x) for x in ids]:
+        return None
+    char_of, token_at, reach = {}, {}, 0
+    for j, (start, end) in enumerate(encoding.offsets):
+        if start >= reach and start not in token_at:  # a token sharing a character with its predecessor is no boundary
+            char_of[j], token_at[start] = start, j
+        reach = max(reach, end)
+    token_at[len(text)] = len(ids)
+    char_of[len(ids)] = len(text)
+    return _TokenStarts(char_of, token_at)
+
+
+def _decode(tokenizer: Any, ids: np.ndarray) -> str:
+    return _backend(tokenizer).decode([int(x) for x in ids], skip_special_tokens=False)
+
+
+def _backend(tokenizer: Any) -> Any:
+    """The HF ``tokenizers.Tokenizer`` behind ``tokenizer`` (transformers fast tokenizers wrap one)."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    if not (hasattr(backend, "encode") and hasattr(backend, "decode")):
+        raise TitoError(f"tokenizer {type(tokenizer).__name__} is not an HF tokenizers.Tokenizer "
+                        "(load one with tokenizers.Tokenizer.from_file('tokenizer.json'))")
+    return backend
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
+
+
+def _inverse(aligned: np.ndarray, size: int) -> np.ndarray:
+    """Map position in p_i ++ a_i -> position in p_{i+1}, -1 where p_{i+1} does not hold it."""
+    back = np.full(size + 1, -1, dtype=np.int64)  # +1 keeps indexing with a clamped -1 safe
+    held = aligned >= 0
+    back[aligned[held]] = np.flatnonzero(held)
+    return back

@@ -1,0 +1,81 @@
+"""Routing capture and R3 replay."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from t1_actors.policy import ModelConfig, MoEPolicy, r3_gate, topk_gate
+from t1_actors.policy.routing import routing_from_numpy, routing_to_numpy
+
+torch.set_num_threads(1)
+
+CONFIG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8,
+                     num_experts=8, top_k=2, moe_intermediate_size=16)
+
+
+def _model() -> MoEPolicy:
+    torch.manual_seed(0)
+    model = MoEPolicy(CONFIG).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(0, 1.0)
+    return model
+
+
+def test_r3_gate_takes_selection_from_record_and_normalises_over_it():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    recorded = torch.tensor([[3, 1]])  # not the live top-2
+    probs = torch.softmax(logits, -1)
+    gates = r3_gate(logits, recorded, norm_topk_prob=True)
+    torch.testing.assert_close(gates, probs[:, [3, 1]] / probs[:, [3, 1]].sum())
+    torch.testing.assert_close(r3_gate(logits, recorded, norm_topk_prob=False), probs[:, [3, 1]])
+    live_gates, live = topk_gate(logits, 2, True)
+    assert live.tolist() == [[0, 1]] and torch.allclose(live_gates.sum(), torch.tensor(1.0))
+    with pytest.raises(ValueError, match="expert ids outside"):
+        r3_gate(logits, torch.tensor([[4, 0]]), True)
+
+
+def test_replay_uses_recorded_experts_after_router_perturbation():
+    model = _model()
+    ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        record = model(ids, capture_routing=True).routing
+        for layer in model.model.layers:  # the policy moved on: perturb every router
+            layer.mlp.gate.weight.add_(torch.randn_like(layer.mlp.gate.weight))
+        live = model(ids, capture_routing=True)
+        replayed = model(ids, routing_replay=record)
+    assert not torch.equal(live.routing, record), "perturbation should change the live routing"
+    assert torch.equal(replayed.routing, record)
+    assert not torch.allclose(replayed.logits, live.logits)
+
+    # the gates used under replay are the live softmax renormalised over the recorded experts
+    seen = []
+    hook = model.model.layers[0].mlp.experts.register_forward_hook(lambda m, i, o: seen.append(i))
+    with torch.no_grad():
+        model(ids, routing_replay=record)
+    hook.remove()
+    x, experts, gates = seen[0]
+    layer0 = model.model.layers[0].mlp
+    assert torch.equal(experts.view(2, 24, -1), record[:, :, 0])
+    probs = torch.softmax(layer0.gate(x), -1).gather(-1, experts)
+    torch.testing.assert_close(gates, probs / probs.sum(-1, keepdim=True))
+    torch.testing.assert_close(gates.sum(-1), torch.ones(len(gates)))
+
+
+def test_replay_of_own_record_reproduces_logits_and_router_gets_gradient():
+    model = _model()
+    ids = torch.randint(0, 64, (1, 10))
+    record = model(ids, capture_routing=True)
+    replay = model(ids, routing_replay=record.routing)
+    torch.testing.assert_close(replay.logits, record.logits)
+    replay.logits.logsumexp(-1).sum().backward()
+    assert all(layer.mlp.gate.weight.grad.abs().sum() > 0 for layer in model.model.layers)
+
+
+def test_routing_record_is_one_byte_per_id():
+    record = torch.tensor([[[1, 7], [0, 3]]])
+    packed = routing_to_numpy(record, num_experts=8)
+    assert packed.dtype == np.uint8 and packed.nbytes == 4
+    assert torch.equal(routing_from_numpy(packed), record)

@@ -1,0 +1,290 @@
+"""Training-inference drift of logged trajectories, with and without R3 and TITO.
+
+For every logged trajectory the learner-side logprobs are recomputed with the policy version that
+sampled each loss token, at the sampling temperature, four ways:
+
+- ``r3_tito``: sampled ids (TITO), expert selection replayed from the record (R3) - the recipe;
+- ``tito``: sampled ids, live routing;
+- ``r3``: re-rendered ids (decode, re-tokenize: what a trainer without TITO trains on), routing
+  replayed from the record of the sampled token that holds each re-rendered token's first byte;
+- ``none``: re-rendered ids, live routing.
+
+The gap of a loss token is |train logprob - sampler logprob|. On re-rendered ids a token is compared
+one to one where both streams have the same token over the same bytes; where they segment the bytes
+differently the segment's summed logprobs are compared and the difference shared over its sampled loss
+tokens (per-token mean stays token-weighted). Also measured: routing mismatch per layer without replay
+(share of positions whose selected expert set differs from the record), loss-region drift (trained ids
+that differ from the ids the sampler emitted, from the SamplerTurn events; TITO guarantees 0), the
+boundary repair cases and the share of loss tokens whose turn boundary needed retokenization.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from schemas import SamplerTurn, TrajectoryAssembled
+
+from .align import Rerendered, rerender
+
+MODES = ("r3_tito", "tito", "r3", "none")
+
+
+def token_logprobs(model, ids: np.ndarray, *, routing_replay: np.ndarray | None = None,
+                   temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """log pi(T_j | T_<j) at temperature for j >= 1 (index 0 is NaN), and the routing used [n-1, L, k].
+
+    The last token is never fed (it has no successor), so ``routing_replay`` needs rows for the first
+    n - 1 positions only.
+    """
+    n = len(ids)
+    inputs = torch.from_numpy(ids[:-1].astype(np.int64)).unsqueeze(0)
+    replay = None
+    if routing_replay is not None:
+        replay = torch.from_numpy(np.asarray(routing_replay[: n - 1]).astype(np.int64)).unsqueeze(0)
+    with torch.no_grad():
+        out = model(inputs, routing_replay=replay, capture_routing=True)
+    logp = torch.log_softmax(out.logits[0].double() / temperature, dim=-1)
+    picked = logp.gather(-1, torch.from_numpy(ids[1:].astype(np.int64)).unsqueeze(-1)).squeeze(-1)
+    lp = np.full(n, np.nan)
+    lp[1:] = picked.numpy()
+    return lp, out.routing[0].numpy()
+
+
+def routing_mismatch(live: np.ndarray, record: np.ndarray) -> np.ndarray:
+    """Per layer, the share of positions whose selected expert SET differs from the record. [L]"""
+    rows = min(len(live), len(record))
+    a = np.sort(live[:rows].astype(np.int64), axis=-1)
+    b = np.sort(record[:rows].astype(np.int64), axis=-1)
+    return (a != b).any(axis=-1).mean(axis=0) if rows else np.zeros(live.shape[1])
+
+
+def row_versions(loss_mask: np.ndarray, token_versions: np.ndarray, default: int) -> np.ndarray:
+    """Policy version that produced routing row p (fed position p): the version of the first loss token
+    after p - the turn that consumed p - or the last loss token's version past the final turn."""
+    n = len(loss_mask)
+    out = np.full(max(n - 1, 0), default, dtype=np.int64)
+    nxt = default
+    for p in range(n - 2, -1, -1):
+        if loss_mask[p + 1]:
+            nxt = int(token_versions[p + 1])
+        out[p] = nxt
+    return out
+
+
+@dataclass
+class GapStats:
+    total: float = 0.0
+    count: int = 0
+    max: float = 0.0
+
+    def add(self, values: np.ndarray) -> None:
+        values = np.abs(values[np.isfinite(values)])
+        if len(values):
+            self.total += float(values.sum())
+            self.count += len(values)
+            self.max = max(self.max, float(values.max()))
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+
+@dataclass
+class DriftReport:
+    trajectories: int = 0
+    loss_tokens: int = 0
+    gaps: dict[str, GapStats] = field(default_factory=lambda: {m: GapStats() for m in MODES})
+    mismatch_sum: np.ndarray | None = None
+    mismatch_n: int = 0
+    drifted_loss_tokens: int = 0
+    checked_loss_tokens: int = 0
+    logprob_record_mismatch: int = 0
+    rerendered_drifted: int = 0
+    rerendered_loss_tokens: int = 0
+    retokenized_loss_tokens: int = 0
+    repair_cases: Counter = field(default_factory=Counter)
+    skipped: Counter = field(default_factory=Counter)
+    versions: set = field(default_factory=set)
+
+    def to_json(self) -> dict:
+        share = lambda a, b: a / b if b else None  # noqa: E731
+        per_layer = (self.mismatch_sum / self.mismatch_n).tolist() if self.mismatch_n else []
+        out = {f"gap_{m}": self.gaps[m].mean for m in MODES}
+        out.update({f"gap_{m}_max": (self.gaps[m].max if self.gaps[m].count else None) for m in MODES})
+        out.update({
+            "trajectories": self.trajectories,
+            "loss_tokens": self.loss_tokens,
+            "drift_rate_loss": share(self.drifted_loss_tokens, self.checked_loss_tokens),
+            "drift_rate_loss_rerendered": share(self.rerendered_drifted, self.rerendered_loss_tokens),
+            "logprob_record_mismatch": self.logprob_record_mismatch,
+            "retokenized_share": share(self.retokenized_loss_tokens, self.loss_tokens),
+            "repair_cases": dict(self.repair_cases),
+            "routing_mismatch": {"per_layer": per_layer,
+                                 "mean": float(np.mean(per_layer)) if per_layer else None},
+            "versions": sorted(self.versions),
+            "skipped": dict(self.skipped),
+        })
+        return out
+
+
+def loss_runs(loss_mask: np.ndarray) -> list[tuple[int, int]]:
+    """Contiguous runs [start, end) of loss tokens (one per sampled turn)."""
+    runs, start = [], None
+    for j, m in enumerate(loss_mask.tolist() + [0]):
+        if m and start is None:
+            start = j
+        elif not m and start is not None:
+            runs.append((start, j))
+            start = None
+    return runs
+
+
+def retokenized_loss_tokens(traj: TrajectoryAssembled) -> int:
+    """Loss tokens of the turns whose following boundary was repaired by retokenization (case 3)."""
+    runs = loss_runs(np.asarray(traj.loss_mask))
+    return sum(end - start for (start, end), case in zip(runs, traj.boundary_cases) if case == "retokenized")
+
+
+def sampled_stream(turns: list[SamplerTurn]) -> tuple[np.ndarray, np.ndarray]:
+    """The ids and logprobs the sampler emitted in a trial, turn after turn."""
+    turns = sorted(turns, key=lambda t: t.turn)
+    if not turns:
+        return np.zeros(0, np.int32), np.zeros(0, np.float32)
+    return (np.concatenate([t.sampled_ids for t in turns]),
+            np.concatenate([t.sampler_logprobs for t in turns]))
+
+
+def loss_region_drift(trained: np.ndarray, sampled: np.ndarray) -> int:
+    """Loss tokens whose trained id is not the sampled id at that place (insertions/deletions count)."""
+    if len(trained) == len(sampled):
+        return int((trained != sampled).sum())
+    matcher = difflib.SequenceMatcher(a=trained.tolist(), b=sampled.tolist(), autojunk=False)
+    equal = sum(block.size for block in matcher.get_matching_blocks())
+    return int(len(trained) - equal)
+
+
+def check_loss_region(report: DriftReport, chunks: list[TrajectoryAssembled], turns: list[SamplerTurn]) -> None:
+    """Compare a trial's loss region (all chunks, in order) with the ids and logprobs its sampler emitted."""
+    chunks = sorted(chunks, key=lambda c: c.chunk)
+    trained = np.concatenate([np.asarray(c.token_ids)[np.asarray(c.loss_mask).astype(bool)] for c in chunks])
+    logprobs = np.concatenate([np.asarray(c.sampler_logprobs)[np.asarray(c.loss_mask).astype(bool)] for c in chunks])
+    sampled_ids, sampled_lp = sampled_stream(turns)
+    report.checked_loss_tokens += len(trained)
+    report.drifted_loss_tokens += loss_region_drift(trained, sampled_ids)
+    if len(sampled_lp) != len(logprobs) or not np.array_equal(logprobs.astype(np.float32), sampled_lp):
+        report.logprob_record_mismatch += 1
+
+
+def measure(report: DriftReport, traj: TrajectoryAssembled, *, models, temperature: float, tokenizer) -> None:
+    """Add one trajectory chunk to ``report``. ``models(version)`` returns the policy of a version."""
+    ids = np.asarray(traj.token_ids)
+    mask = np.asarray(traj.loss_mask).astype(bool)
+    q = np.asarray(traj.sampler_logprobs, dtype=np.float64)
+    versions = np.asarray(traj.token_versions)
+    loss = np.flatnonzero(mask)
+    if len(ids) < 2 or not len(loss):
+        report.skipped["no loss tokens"] += 1
+        return
+    report.trajectories += 1
+    report.loss_tokens += len(loss)
+    report.repair_cases.update(traj.boundary_cases)
+    report.retokenized_loss_tokens += retokenized_loss_tokens(traj)
+    record = np.asarray(traj.routing) if traj.routing is not None else None
+    loss_versions = sorted({int(v) for v in versions[loss]})
+    report.versions.update(loss_versions)
+
+    # --- TITO: the sampled ids
+    lp = {"r3_tito": np.full(len(ids), np.nan), "tito": np.full(len(ids), np.nan)}
+    live_rows = np.zeros((len(ids) - 1, 0, 0))
+    rows_version = row_versions(mask, versions, loss_versions[-1])
+    for v in loss_versions:
+        model = models(v)
+        at = loss[versions[loss] == v]
+        plain, live = token_logprobs(model, ids, temperature=temperature)
+        lp["tito"][at] = plain[at]
+        if v == loss_versions[0]:
+            live_rows = live.copy()
+        live_rows[rows_version == v] = live[rows_version == v]
+        if record is not None:
+            replayed, _ = token_logprobs(model, ids, routing_replay=record, temperature=temperature)
+            lp["r3_tito"][at] = replayed[at]
+    report.gaps["tito"].add(lp["tito"][loss] - q[loss])
+    if record is not None:
+        report.gaps["r3_tito"].add(lp["r3_tito"][loss] - q[loss])
+        mism = routing_mismatch(live_rows, record)
+        report.mismatch_sum = mism if report.mismatch_sum is None else report.mismatch_sum + mism
+        report.mismatch_n += 1
+    else:
+        report.skipped["no routing record (R3 not measurable)"] += 1
+
+    # --- without TITO: re-rendered ids
+    if tokenizer is None:
+        report.skipped["no tokenizer (re-rendered modes not measurable)"] += 1
+        return
+    twin = rerender(tokenizer, ids)
+    if not twin.decodable:
+        report.skipped["sampled bytes not re-renderable"] += 1
+        return
+    _measure_rerendered(report, twin, ids, mask, q, versions, record, models, temperature)
+
+
+def _measure_rerendered(report: DriftReport, twin: Rerendered, ids, mask, q, versions, record, models,
+                        temperature: float) -> None:
+    new_ids = twin.ids
+    if len(new_ids) < 2:
+        return
+    # routing of each re-rendered position: the record of the sampled token holding its first byte
+    owner = np.searchsorted(twin.sampled_spans[:, 1], twin.rerendered_spans[:, 0], side="right")
+    mapped = None
+    if record is not None:
+        mapped = record[np.clip(owner[: len(new_ids) - 1], 0, len(record) - 1)]
+    by_version: dict[int, dict[str, np.ndarray]] = {}
+    for v in sorted({int(x) for x in versions[mask]}):
+        model = models(v)
+        by_version[v] = {"none": token_logprobs(model, new_ids, temperature=temperature)[0]}
+        if mapped is not None:
+            by_version[v]["r3"] = token_logprobs(model, new_ids, routing_replay=mapped, temperature=temperature)[0]
+    for seg_sampled, seg_new in twin.segments:
+        loss_here = [j for j in seg_sampled if mask[j]]
+        if not loss_here:
+            continue
+        report.rerendered_loss_tokens += len(loss_here)
+        same = len(seg_sampled) == 1 and len(seg_new) == 1 and ids[seg_sampled[0]] == new_ids[seg_new[0]]
+        if not same:
+            report.rerendered_drifted += len(loss_here)
+        if seg_new[0] == 0:
+            continue  # the very first token has no logprob
+        v = int(versions[loss_here[0]])
+        for mode, lp in by_version[v].items():
+            diff = float(lp[seg_new].sum() - q[loss_here].sum()) / len(loss_here)
+            report.gaps[mode].add(np.full(len(loss_here), diff))
+
+
+def drift_of_run(view, *, limit: int | None = None, tokenizer=None, trial: str | None = None) -> dict:
+    """Drift of every logged trajectory chunk of a run (``view``: a ``RunView``), as one JSON-able dict."""
+    report = DriftReport()
+    turns_by_trial = view.sampler_turns()
+    chunks = [e for _, e in view.of_kind(TrajectoryAssembled) if trial is None or e.trial_id == trial]
+    if limit is not None:
+        chunks = chunks[:limit]
+    for traj in chunks:
+        turns = turns_by_trial.get(traj.trial_id, [])
+        temperature = turns[0].temperature if turns else 1.0
+        measure(report, traj, models=view.model, temperature=temperature, tokenizer=tokenizer)
+    by_trial: dict[str, list[TrajectoryAssembled]] = {}
+    for traj in chunks:
+        by_trial.setdefault(traj.trial_id, []).append(traj)
+    for trial_id, trial_chunks in by_trial.items():
+        if trial_id in turns_by_trial:
+            check_loss_region(report, trial_chunks, turns_by_trial[trial_id])
+        else:
+            report.skipped["no SamplerTurn events for the trial (loss-region drift not checked)"] += 1
+    out = report.to_json()
+    out["run"] = str(view.root)
+    out["checksums"] = {str(v): view.weights_checksum_ok(v) for v in sorted(report.versions)}
+    return out

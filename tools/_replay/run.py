@@ -1,0 +1,167 @@
+"""A run directory as the replay tools see it: its event log, its weights by version, its tokenizer.
+
+Layout written by the campaign: ``RUN/log`` (the Zarr event log), ``RUN/weights/<version dir>``
+(a policy version as config.json + model.safetensors, named by WeightsPublished events), and the
+run's tokenizer (``RUN/tokenizer.json``). ``RUN`` may also be the log directory itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas import Event, SamplerTurn, WeightsPublished
+
+TOKENIZER_NAMES = ("tokenizer.json", "tokenizer/tokenizer.json", "assets/tokenizer.json")
+
+
+class RunError(ValueError):
+    """A run directory is missing something a command needs; the message says what and the fix."""
+
+
+@dataclass
+class RunView:
+    """All events of a run in log order, with lookups the tools need."""
+
+    root: Path
+    log_path: Path
+    events: list[tuple[str, Event]]
+    _models: OrderedDict = field(default_factory=OrderedDict, repr=False)
+
+    @classmethod
+    def open(cls, run: str | Path) -> "RunView":
+        root = Path(run)
+        if not root.exists():
+            raise RunError(f"run {root} does not exist; pass a run directory (with log/) or a log directory")
+        log_path = root / "log" if (root / "log").exists() else root
+        try:
+            from storage import EventLog
+        except ImportError as exc:  # pragma: no cover - storage is part of t1
+            raise RunError(f"the storage package cannot be imported ({exc})") from exc
+        try:
+            log = EventLog.open(log_path)
+        except Exception as exc:
+            raise RunError(f"{log_path}: not a readable t1 event log ({type(exc).__name__}: {exc}); "
+                           "pass the run directory the campaign wrote") from exc
+        if root == log_path and root.name == "log":
+            root = root.parent
+        events = list(_read_all(log))
+        return cls(root=root, log_path=log_path, events=events)
+
+    # ------------------------------------------------------------ lookups
+
+    def of_kind(self, cls: type[Event]) -> list[tuple[str, Event]]:
+        return [(eid, e) for eid, e in self.events if isinstance(e, cls)]
+
+    def by_trial(self, trial_id: str) -> list[tuple[str, Event]]:
+        return [(eid, e) for eid, e in self.events if getattr(e, "trial_id", None) == trial_id]
+
+    def trial_ids(self) -> list[str]:
+        seen = dict.fromkeys(getattr(e, "trial_id") for _, e in self.events if hasattr(e, "trial_id"))
+        return list(seen)
+
+    def sampler_turns(self) -> dict[str, list[SamplerTurn]]:
+        out: dict[str, list[SamplerTurn]] = defaultdict(list)
+        for _, e in self.of_kind(SamplerTurn):
+            out[e.trial_id].append(e)
+        return out
+
+    def index_of(self, event_id: str) -> int:
+        for i, (eid, _) in enumerate(self.events):
+            if eid == event_id:
+                return i
+        if event_id.lstrip("-").isdigit():  # a position in log order
+            i = int(event_id)
+            if -len(self.events) <= i < len(self.events):
+                return i % len(self.events)
+        raise RunError(f"event {event_id!r} is not in {self.log_path} ({len(self.events)} events; ids look like "
+                       f"{self.events[0][0]!r} - or pass a position in log order)" if self.events else
+                       f"event {event_id!r}: the log {self.log_path} is empty")
+
+    # ------------------------------------------------------------ weights and tokenizer
+
+    def weights_dir(self, version: int) -> Path:
+        """Directory of a policy version: the WeightsPublished location, else RUN/weights/<name ending in version>."""
+        for _, e in self.of_kind(WeightsPublished):
+            if e.version == version:
+                path = Path(e.location)
+                path = path if path.is_absolute() else self.root / path
+                if path.is_file():
+                    path = path.parent
+                if path.exists():
+                    return path
+        weights = self.root / "weights"
+        if weights.is_dir():
+            for child in sorted(weights.iterdir()):
+                m = re.search(r"(\d+)$", child.name)
+                if child.is_dir() and m and int(m.group(1)) == version:
+                    return child
+        raise RunError(f"no weights for policy version {version} in {self.root} (no WeightsPublished event with "
+                       f"an existing location, no {weights}/<name ending in {version}>); keep the run's weights "
+                       "to replay it")
+
+    def weights_checksum_ok(self, version: int) -> bool | None:
+        """Does the published sha256 match the weights file? None when no event records one."""
+        for _, e in self.of_kind(WeightsPublished):
+            if e.version == version:
+                directory = self.weights_dir(version)
+                files = sorted(directory.glob("*.safetensors"))
+                if not files:
+                    return False
+                digests = {_sha256(f) for f in files}
+                return e.sha256 in digests or _sha256_many(files) == e.sha256
+        return None
+
+    def model(self, version: int):
+        """The policy of a version (fp32, eval mode), two kept in memory."""
+        if version in self._models:
+            self._models.move_to_end(version)
+            return self._models[version]
+        import torch
+
+        from t1_actors.policy.model import MoEPolicy
+
+        model = MoEPolicy.load(self.weights_dir(version), dtype=torch.float32).eval()
+        self._models[version] = model
+        while len(self._models) > 2:
+            self._models.popitem(last=False)
+        return model
+
+    def tokenizer(self, path: str | Path | None = None):
+        """The run's tokenizer (HF tokenizers), or None when the run did not keep one."""
+        from tokenizers import Tokenizer
+
+        if path is not None:
+            if not Path(path).is_file():
+                raise RunError(f"--tokenizer {path}: no such file (a tokenizers JSON file)")
+            return Tokenizer.from_file(str(path))
+        for name in TOKENIZER_NAMES:
+            candidate = self.root / name
+            if candidate.is_file():
+                return Tokenizer.from_file(str(candidate))
+        return None
+
+
+def _read_all(log):
+    """(event_id, event) in the log's merged order."""
+    yield from log.events()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _sha256_many(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
