@@ -3,7 +3,9 @@
 Realistic trajectories: 2k-token TITO chunks of a 48-layer top-8 MoE with 256 experts (routing as
 uint8 expert ids, skewed expert popularity), int32 token ids, uint8 loss masks, float32 logprobs,
 int32 token versions. Both sides write the same payload bytes to the same disk, interleaved over
-several rounds (median taken) so that noise from other processes hits both. Neither side fsyncs.
+several rounds (median taken) so that noise from other processes hits both. The main figures fsync
+on neither side (a killed process loses nothing committed either way); the ``*_fsync`` figures fsync
+both sides at every commit (survives a power cut).
 
     python bench/log_append.py [--events 48] [--rounds 3] [--dir /tmp] [--scan]
 
@@ -52,16 +54,18 @@ def payload_bytes(event: TrajectoryAssembled) -> int:
     return sum(getattr(event, f).nbytes for f in FIELDS)
 
 
-def raw_append(events, directory: Path, commit_every: int) -> float:
+def raw_append(events, directory: Path, commit_every: int, fsync: bool) -> float:
     directory.mkdir(parents=True)
     files = {f: open(directory / f"{f}.bin", "ab") for f in FIELDS}
     start = time.perf_counter()
     for i, event in enumerate(events, 1):
         for f in FIELDS:
             getattr(event, f).tofile(files[f])
-        if i % commit_every == 0:
+        if i % commit_every == 0 or i == len(events):
             for handle in files.values():
                 handle.flush()
+                if fsync:
+                    os.fsync(handle.fileno())
     for handle in files.values():
         handle.close()
     return time.perf_counter() - start
@@ -118,7 +122,7 @@ def measure(events, base: Path, rounds: int, commit_every: int, config: StorageC
         pairs = [("raw", raw_dir), ("log", log_dir)]
         for side, d in (pairs if r % 2 == 0 else pairs[::-1]):  # alternate who goes first
             if side == "raw":
-                times["raw_append"].append(raw_append(events, d, commit_every))
+                times["raw_append"].append(raw_append(events, d, commit_every, config.fsync))
             else:
                 times["log_append"].append(log_append(events, d, commit_every, config))
         for side, d in (pairs[::-1] if r % 2 == 0 else pairs):
@@ -148,6 +152,7 @@ def main() -> None:
     parser.add_argument("--commit-every", type=int, default=8, help="events per commit (and raw flush)")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--scan", action="store_true", help="also compare codec settings")
+    parser.add_argument("--no-fsync-run", action="store_true", help="skip the durable (fsync per commit) comparison")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     pool = [make_trajectory(rng, i) for i in range(min(8, args.events))]
@@ -160,10 +165,14 @@ def main() -> None:
                 "lz4 bitshuffle all": StorageConfig(routing_shuffle="bitshuffle"),
                 "lz4 bitshuffle, routing noshuffle": StorageConfig(),
                 "zstd1 bitshuffle, routing noshuffle": StorageConfig(codec="zstd"),
-                "lz4, 4 MiB chunks": StorageConfig(chunk_bytes=4 << 20),
+                "lz4, 4 MiB routing chunks": StorageConfig(routing_chunk_bytes=4 << 20),
             }.items():
                 print(f"{name:40s}", json.dumps(measure(events, base, args.rounds, args.commit_every, cfg)), flush=True)
         result = measure(events, base, args.rounds, args.commit_every, StorageConfig())
+        if not args.no_fsync_run:  # both sides durable: fsync at every commit
+            durable = measure(events, base, args.rounds, args.commit_every, StorageConfig(fsync=True))
+            result.update(append_ratio_fsync=durable["append_ratio"], log_append_MBps_fsync=durable["log_append_MBps"],
+                          raw_append_MBps_fsync=durable["raw_append_MBps"])
         result.update(events=args.events, rounds=args.rounds, tokens_per_event=TOKENS,
                       routing_shape=[LAYERS, TOP_K], num_experts=EXPERTS, cpus=os.cpu_count())
         print(json.dumps(result))

@@ -115,7 +115,7 @@ class Record(BaseModel):
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        for name in self.model_fields:
+        for name in type(self).model_fields:
             a, b = getattr(self, name), getattr(other, name)
             if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
                 if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):

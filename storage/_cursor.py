@@ -43,7 +43,7 @@ class Cursor:
             fresh = []
             for writer, reader in log._segments.items():
                 for seq in range(self._position.get(writer, 0), reader.event_count):
-                    fresh.append((reader.headers[seq]["ts"], writer, seq))
+                    fresh.append((reader.meta[seq].ts, writer, seq))
             fresh.sort()  # per writer, append times never decrease: a prefix of this is a prefix per writer
             position = dict(self._position)
             chosen = []
@@ -51,7 +51,7 @@ class Cursor:
                 if max_events is not None and len(chosen) >= max_events:
                     break
                 position[writer] = seq + 1
-                if self._kinds is None or log.header(writer, seq)["t"] in self._kinds:
+                if self._kinds is None or log._segments[writer].meta[seq].kind in self._kinds:
                     chosen.append((writer, seq))
             batch = [(f"{w}:{s}", log._load(w, s)) for w, s in chosen]
             self._position = position  # only once every event of the batch was read and checked

@@ -115,11 +115,11 @@ def create_array(group: zarr.Group, name: str, dtype: np.dtype, inner: tuple[int
     """A fresh append-only array of a segment, chunked along its first axis."""
     dtype = np.dtype(dtype)
     row_bytes = dtype.itemsize * math.prod(inner)
-    target = config.header_chunk_bytes if name == HEADERS else config.chunk_bytes
+    target = {HEADERS: config.header_chunk_bytes, ROUTING: config.routing_chunk_bytes}.get(name, config.vector_chunk_bytes)
     rows = rows_per_chunk(target, row_bytes)
     shuffle = config.routing_shuffle if name == ROUTING else config.numeric_shuffle
     compressors = None if config.codec == "none" else [
         BloscCodec(cname=config.codec, clevel=config.clevel, shuffle=shuffle)]
     return group.create_array(
         name, shape=(MAX_ROWS, *inner), chunks=(rows, *inner), dtype=dtype, fill_value=0,
-        compressors=compressors, config={"write_empty_chunks": True}, overwrite=True)
+        compressors=compressors, config={"write_empty_chunks": True}, overwrite=True)  # only ever called when absent

@@ -102,7 +102,7 @@ class EventLog:
                 before = reader.event_count
                 reader.refresh()
                 for seq in range(before, reader.event_count):
-                    trial = reader.headers[seq]["f"].get("trial_id")
+                    trial = reader.meta[seq].trial_id
                     if trial is not None:
                         self._by_trial.setdefault(trial, []).append((writer, seq))
 
@@ -112,17 +112,14 @@ class EventLog:
 
     def _refs(self, kinds: Iterable[str] | None = None) -> list[EventRef]:
         wanted = _kind_filter(kinds)
-        refs = [(h["ts"], writer, seq) for writer, reader in self._segments.items()
-                for seq, h in enumerate(reader.headers) if wanted is None or h["t"] in wanted]
+        refs = [(m.ts, writer, seq) for writer, reader in self._segments.items()
+                for seq, m in enumerate(reader.meta) if wanted is None or m.kind in wanted]
         refs.sort()
         return refs
 
     def _load(self, writer: str, seq: int) -> Event:
         with self._lock:
             return self._segments[writer].load(seq)
-
-    def header(self, writer: str, seq: int) -> dict[str, Any]:
-        return self._segments[writer].headers[seq]
 
     def get(self, event_id: str) -> Event:
         """The committed event with this id; KeyError if there is none (yet)."""
@@ -140,7 +137,7 @@ class EventLog:
         """Every committed event of a trial (records with a ``trial_id`` field), in merge order."""
         with self._lock:
             self.refresh()
-            refs = sorted((self.header(w, s)["ts"], w, s) for w, s in self._by_trial.get(trial_id, []))
+            refs = sorted((self._segments[w].meta[s].ts, w, s) for w, s in self._by_trial.get(trial_id, []))
             return [(f"{w}:{s}", self._load(w, s)) for _, w, s in refs]
 
     def events(self, kinds: Iterable[str] | None = None) -> Iterator[tuple[str, Event]]:
@@ -159,7 +156,7 @@ class EventLog:
         """Committed events by kind (headers only; no payload is read)."""
         with self._lock:
             self.refresh()
-            return dict(Counter(h["t"] for r in self._segments.values() for h in r.headers))
+            return dict(Counter(m.kind for r in self._segments.values() for m in r.meta))
 
     def verify(self) -> dict[str, dict[str, int]]:
         """Check every committed chunk of every segment against its checksum (CorruptionError names

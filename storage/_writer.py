@@ -10,7 +10,7 @@ import numpy as np
 import trio
 import zarr
 
-from schemas import Record, SchemaError, pack
+from schemas import SchemaError, pack
 from schemas.events import Event
 
 from . import _store
@@ -49,13 +49,18 @@ class _Stream:
             return
         held = self._held()
         block = held[:full]
-        self.array[self.start:self.start + full] = block
+        _store.write_chunks(self.array, self.start, block, self.chunk_rows)
         first = self.start // self.chunk_rows
         for i in range(full // self.chunk_rows):
             self.crcs[first + i] = crc32(block[i * self.chunk_rows:(i + 1) * self.chunk_rows])
         rest = held[full:]
         self.pieces = [rest.copy()] if len(rest) else []  # copy: let the big block go
         self.start += full
+
+    def written_keys(self) -> list[str]:
+        """Store keys of the chunks written since the last commit."""
+        tail = (0,) * (self.array.ndim - 1)
+        return [f"{self.array.path}/{self.array.metadata.encode_chunk_key((c, *tail))}" for c in self.crcs]
 
     def write_tail(self) -> None:
         """Write the partial last chunk, padded to a whole chunk (it is rewritten as it fills)."""
@@ -65,7 +70,7 @@ class _Stream:
         held = self._held()
         padded = np.zeros((self.chunk_rows, *held.shape[1:]), held.dtype)
         padded[:len(held)] = held
-        self.array[self.start:self.start + self.chunk_rows] = padded
+        _store.write_chunks(self.array, self.start, padded, self.chunk_rows)
         self.crcs[self.start // self.chunk_rows] = crc32(held)
 
 
@@ -78,7 +83,7 @@ class SegmentWriter:
     """
 
     def __init__(self, store, writer_id: str, *, routing: RoutingShape | None, config: StorageConfig):
-        if not isinstance(writer_id, str) or not _store.WRITER_ID.match(writer_id):
+        if not isinstance(writer_id, str) or not _store.WRITER_ID.match(writer_id) or writer_id == "zarr.json":
             raise ValueError(f"writer id {writer_id!r} is not valid: use 1-128 characters from "
                              "[A-Za-z0-9_.-], starting with a letter or digit (e.g. 'sampler-0')")
         self.writer_id = writer_id
@@ -86,6 +91,7 @@ class SegmentWriter:
         self._config = config
         self._lock = threading.Lock()
         self._broken: str | None = None
+        self._fsync = _store.Fsync(store, config.fsync)
         self._holder = _store.WriterLock(store, segment_dir(writer_id), writer_id)
         try:
             self._open(routing)
@@ -124,8 +130,7 @@ class SegmentWriter:
             start = (end // chunk_rows) * chunk_rows
             held = reader.read_rows(name, start, end) if end > start else array[0:0]
             self._streams[name] = _Stream(array, end, np.array(held, copy=True))
-        self._pending_headers: list[int] = []
-        self._reader_for_tests = reader
+        self._pending_headers: list[int] = []  # header-array end offset of each uncommitted event
 
     def _stream(self, name: str, dtype: np.dtype, inner: tuple[int, ...]) -> _Stream:
         stream = self._streams.get(name)
@@ -144,11 +149,10 @@ class SegmentWriter:
             self._check_usable()
             payloads, header = self._prepare(event)
             try:
-                locations = {}
+                header["a"] = {}  # field -> [array, first row, shape of the field]
                 for fieldname, (name, rows) in payloads.items():
-                    stream = self._stream(name, rows.dtype, rows.shape[1:])
-                    locations[fieldname] = [name, stream.add(rows), None]
-                header["a"] = {f: [loc[0], loc[1], list(getattr(event, f).shape)] for f, loc in locations.items()}
+                    offset = self._stream(name, rows.dtype, rows.shape[1:]).add(rows)
+                    header["a"][fieldname] = [name, offset, list(getattr(event, fieldname).shape)]
                 header_bytes = np.frombuffer(pack(header), np.uint8)
                 self._stream(HEADERS, np.dtype(np.uint8), ()).add(header_bytes)
                 self._pending_headers.append(self._streams[HEADERS].end)
@@ -175,10 +179,11 @@ class SegmentWriter:
             value = getattr(event, fieldname)
             if value is None:
                 continue
-            if spec.ndim == 3:
-                payloads[fieldname] = (ROUTING, self._check_routing(kind, fieldname, value))
+            # copies: the caller may still hold a writable base of the record's read-only views
+            if spec.ndim == 3:  # the only rank-3 payload is a routing record [tokens, layers, k]
+                payloads[fieldname] = (ROUTING, np.array(self._check_routing(kind, fieldname, value), copy=True))
             else:
-                payloads[fieldname] = (stream_name(value.dtype), np.ascontiguousarray(value).reshape(-1))
+                payloads[fieldname] = (stream_name(value.dtype), np.array(value, copy=True).reshape(-1))
         ts = max(time.time(), self._last_time)
         header = {"t": event.kind, "v": event.schema_version, "f": event.header(), "s": self._next_event, "ts": ts}
         try:
@@ -205,7 +210,7 @@ class SegmentWriter:
                                 f"{shape.num_experts} experts")
         if routing.size and routing.dtype.kind == "i" and int(routing.min()) < 0:
             raise EventRejected(kind, fieldname, f"negative expert id {int(routing.min())}")
-        return np.ascontiguousarray(routing)
+        return routing
 
     # -- committing ----------------------------------------------------------------------------
 
@@ -218,13 +223,16 @@ class SegmentWriter:
             try:
                 for stream in self._streams.values():
                     stream.write_tail()
+                self._fsync.files([key for stream in self._streams.values() for key in stream.written_keys()])
                 record = Commit(
                     seq=self._next_commit, first_event=self._next_event - len(self._pending_headers),
                     header_ends=list(self._pending_headers),
                     ends={name: s.end for name, s in self._streams.items() if s.crcs},
                     checksums={name: sorted(s.crcs.items()) for name, s in self._streams.items() if s.crcs},
                     time=time.time())
-                _store.put(self._store, commit_key(self.writer_id, record.seq), record.encode())
+                key = commit_key(self.writer_id, record.seq)
+                _store.put(self._store, key, record.encode())
+                self._fsync.files([key])
             except BaseException as exc:
                 self._broken = f"{type(exc).__name__}: {exc}"
                 raise

@@ -106,11 +106,21 @@ async def run_trial(
     encode: Callable[[str], list[int]],
     decode: Callable[[list[int]], str],
     limits: RolloutLimits = RolloutLimits(),
-    resume: TrialRollout | None = None,
+    rollout: TrialRollout | None = None,
 ) -> TrialRollout:
-    """Play one trial; ``resume`` continues a cancelled one with its turns (and their versions) kept."""
-    rollout = resume or TrialRollout(messages=first_messages(instruction))
+    """Play one trial, appending to ``rollout`` in place as turns complete.
+
+    Passing the caller's ``rollout`` keeps the partial trial reachable when the caller cancels it, and
+    continues a cancelled trial later with its turns (and their policy versions) kept: commands of an
+    assistant turn whose output never arrived are run first.
+    """
+    rollout = rollout if rollout is not None else TrialRollout()
+    if not rollout.messages:
+        rollout.messages.extend(first_messages(instruction))
     rollout.finish = "answered"
+    if rollout.turns and rollout.messages[-1]["role"] == "assistant" and rollout.turns[-1].commands:
+        if not await _run_commands(rollout, rollout.turns[-1].commands, len(rollout.turns) - 1, execute, limits):
+            return rollout
     for turn in range(len(rollout.turns), limits.max_turns):
         prompt_text = render_chat(rollout.messages, add_generation_prompt=True)
         prompt_ids = np.asarray(encode(prompt_text), dtype=np.int32)
@@ -122,17 +132,31 @@ async def run_trial(
             rollout.finish = "cancelled" if generation.finish_reason == "cancelled" else "sampler_error"
             return rollout
         text = decode(generation.output_ids.tolist())
-        message = assistant_message(text)
+        try:
+            message = assistant_message(text)
+        except ValueError:  # a malformed tool call is the policy's mistake: the trial ends, the verifier judges
+            message = {"role": "assistant", "content": text}
         commands = [c.get("arguments", {}).get("command", "") for c in message.get("tool_calls", [])]
+        commands = [c for c in commands if isinstance(c, str) and c.strip()]
         rollout.turns.append(TurnRecord(prompt_ids, generation, text, commands))
         rollout.messages.append(message)
         if not commands or generation.finish_reason != "stop":
             return rollout
-        for command in commands:
-            outcome = await execute(command, turn)
-            if outcome.infra_error is not None:
-                rollout.finish, rollout.infra_error = "infra_error", outcome.infra_error
-                return rollout
-            rollout.messages.append({"role": "tool", "content": truncate_output(outcome.output, limits.tool_output_chars)})
+        if not await _run_commands(rollout, commands, turn, execute, limits):
+            return rollout
     rollout.finish = "max_turns"
     return rollout
+
+
+async def _run_commands(rollout: TrialRollout, commands: list[str], turn: int, execute: ExecPort,
+                        limits: RolloutLimits) -> bool:
+    outputs = []
+    for command in commands:
+        outcome = await execute(command, turn)
+        if outcome.infra_error is not None:
+            rollout.finish, rollout.infra_error = "infra_error", outcome.infra_error
+            return False
+        outputs.append(outcome.output)
+    for output in outputs:  # appended together, so a cancelled turn never leaves half its outputs behind
+        rollout.messages.append({"role": "tool", "content": truncate_output(output, limits.tool_output_chars)})
+    return True

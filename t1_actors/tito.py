@@ -20,8 +20,9 @@ turn boundary is the *repair*, tried strongest first, each case in one function 
                     stream keeps the sampled ids a_i in place of that span.
 4. ``split``        none of the above: a new chunk starts at p_{i+1}, same trial, same reward.
 
-Under 2 and 3 later turns train on a context that differs from the sampler's by the repaired tokens (a few);
-the loss tokens themselves never differ. That is the invariant: inside the loss region the trained ids equal
+In 2 and 3, s is where p_i and p_{i+1} part (``_prompt_drops``): a_i is never aligned with older history
+that merely repeats it. Under 2 and 3 later turns train on a context that differs from the sampler's by the
+repaired tokens (``Repair.context_mismatch``, counted in ``tito_metrics``); the loss tokens never differ. That is the invariant: inside the loss region the trained ids equal
 the sampled ids, drift 0.0000 %. ``assemble`` checks it on every chunk and raises ``TitoDriftError`` if broken.
 
 Routing (R3) is aligned to T as well; see ``_align_routing`` for which turn's row each position takes.
@@ -86,6 +87,8 @@ class Repair:
 
     ``kept`` = k: p_{i+1}[:k] repeats what the stream already holds, p_{i+1}[k:] is new context.
     ``prompt_dropped`` = s and ``sampled_dropped`` = u (normalized); ``span`` = (b, e) (retokenized).
+    ``context_mismatch``: stream tokens at this boundary that the next prompt does not hold as ids (s + u when
+    normalized, s + len(a_i) when retokenized); later turns train on a context that differs by these.
     ``aligned[j]`` is the position in p_i ++ a_i holding the token p_{i+1}[j] for j < k, -1 where none does
     (the retokenized span); it lets routing rows of either turn land on the right stream position.
     """
@@ -96,13 +99,7 @@ class Repair:
     sampled_dropped: int = 0
     span: tuple[int, int] | None = None
     aligned: np.ndarray | None = None
-
-    @property
-    def context_mismatch(self) -> int:
-        """Tokens by which the stream's context for later turns differs from the sampler's (0 when strict)."""
-        if self.case == "retokenized" and self.span is not None:
-            return self.prompt_dropped + self.span[1] - self.span[0]
-        return self.prompt_dropped + self.sampled_dropped
+    context_mismatch: int = 0
 
 
 @dataclass(frozen=True)
@@ -118,8 +115,9 @@ class LossSpan:
 class TrajectoryChunk:
     """One training sequence of a trial. A trial is one chunk unless a boundary had to ``split``.
 
-    ``boundary_cases[n]`` is the repair that led into ``turns[n]`` (chunk 0 has no entry for turn 0; a later
-    chunk's first entry is ``"split"``), so across a trial's chunks every boundary is recorded once.
+    ``boundary_cases`` lists, in order, the case of the boundary leading into each of the chunk's turns but
+    the trial's first: chunk 0 has ``len(turns) - 1`` entries, a later chunk ``len(turns)``, the first being
+    the ``"split"`` that opened it. Across a trial's chunks every boundary is recorded exactly once.
     ``routing`` has ``len(token_ids) - 1`` rows; ``routing_recorded[j]`` is False for the few rows no sampler
     turn ever computed (see ``_align_routing``).
     """
@@ -159,15 +157,13 @@ def normalized(prompt: np.ndarray, sampled: np.ndarray, next_prompt: np.ndarray)
     """Case 2, normalized: min s + u over s <= 96, u <= 16 such that
     p_i[:len(p_i) - s] ++ a_i[:len(a_i) - u] is a prefix of p_{i+1}; the new context is what follows it.
 
-    Ties go to the smaller s (keep more of the prompt as the sampler saw it). The s + u dropped tokens stay in
-    the stream (a_i's context was p_i and all of a_i is trained), so later turns see them as extra context.
+    s ranges over ``_prompt_drops`` (where the two prompts part); ties go to the smaller s. The s + u dropped
+    tokens stay in the stream (a_i's context was p_i and all of a_i is trained), so later turns see them as
+    extra context.
     """
     n_prompt, n_sampled = len(prompt), len(sampled)
-    shared = _common_prefix(prompt, next_prompt)
     best: tuple[int, int] | None = None
-    for s in range(n_prompt - shared, min(MAX_PROMPT_DROP, n_prompt) + 1):
-        if best is not None and s >= sum(best):
-            break
+    for s in _prompt_drops(prompt, next_prompt):
         start = n_prompt - s
         u = n_sampled - _common_prefix(sampled, next_prompt[start:])
         if u <= MAX_SAMPLED_DROP and s + u > 0 and (best is None or s + u < sum(best)):
@@ -176,28 +172,39 @@ def normalized(prompt: np.ndarray, sampled: np.ndarray, next_prompt: np.ndarray)
         return None
     s, u = best
     aligned = np.concatenate([np.arange(n_prompt - s), n_prompt + np.arange(n_sampled - u)]).astype(np.int64)
-    return Repair("normalized", kept=len(aligned), prompt_dropped=s, sampled_dropped=u, aligned=aligned)
+    return Repair("normalized", kept=len(aligned), prompt_dropped=s, sampled_dropped=u, aligned=aligned,
+                  context_mismatch=s + u)
 
 
 def retokenized(prompt: np.ndarray, sampled: np.ndarray, next_prompt: np.ndarray, tokenizer: Any) -> Repair | None:
-    """Case 3, retokenized: p_{i+1}[:b] = p_i[:b] with b >= len(p_i) - 96, and the decoded text of a_i equals
-    the decoded text of the span p_{i+1}[b:e], where e is the token that starts where a_i's text ends in the
-    offset mapping of p_{i+1}. The new context is p_{i+1}[e:]; the stream keeps a_i's sampled ids, not the span.
+    r"""Case 3, retokenized: for the smallest s in ``_prompt_drops`` (s <= 96, p_{i+1}[:b] = p_i[:b] with
+    b = len(p_i) - s), the decoded text of a_i equals the decoded text of a span p_{i+1}[b:e], where e is the
+    token of p_{i+1} that starts where that text ends in its offset mapping. The new context is p_{i+1}[e:];
+    the stream keeps the sampled ids a_i.
+
+    The s prompt-side tokens are either dropped (a template suffix, as in ``normalized``) or re-tokenized with
+    a_i: when BPE merged the template's last token with the assistant's first ("assistant\n" + "\n..." ->
+    "\n\n"), no span starts where a_i's text starts, and the text of p_i[b:] ++ a_i is matched instead.
     """
-    text = _decode(tokenizer, sampled)
-    starts = _token_starts(tokenizer, next_prompt)
-    if not text or starts is None:
+    drops = _prompt_drops(prompt, next_prompt)
+    sampled_text = _decode(tokenizer, sampled)
+    if not drops or not sampled_text:
         return None
     n_prompt = len(prompt)
-    shared = _common_prefix(prompt, next_prompt)
-    for s in range(n_prompt - shared, min(MAX_PROMPT_DROP, n_prompt) + 1):
+    starts = _token_starts(tokenizer, next_prompt, before=n_prompt - drops[-1])
+    if starts is None:
+        return None
+    for s in drops:
         b = n_prompt - s
         if b not in starts.char_of:
             continue
-        e = starts.token_at.get(starts.char_of[b] + len(text))
-        if e is not None and e > b and _decode(tokenizer, next_prompt[b:e]) == text:
-            aligned = np.concatenate([np.arange(b), np.full(e - b, -1)]).astype(np.int64)
-            return Repair("retokenized", kept=e, prompt_dropped=s, span=(b, e), aligned=aligned)
+        merged_text = _decode(tokenizer, np.concatenate([prompt[b:], sampled])) if s else sampled_text
+        for text in dict.fromkeys((sampled_text, merged_text)):  # dropped tail first, then merged tail
+            e = starts.token_at.get(starts.char_of[b] + len(text))
+            if e is not None and e > b and _decode(tokenizer, next_prompt[b:e]) == text:
+                aligned = np.concatenate([np.arange(b), np.full(e - b, -1)]).astype(np.int64)
+                return Repair("retokenized", kept=e, prompt_dropped=s, span=(b, e), aligned=aligned,
+                              context_mismatch=s + len(sampled))
     return None
 
 
@@ -299,33 +306,26 @@ def tito_metrics(chunks: Sequence[TrajectoryChunk]) -> dict[str, float]:
 
 def _build_chunk(index: int, turns: list[TurnLike], numbers: list[int], repairs: list[Repair],
                  reward: float) -> TrajectoryChunk:
-    """Concatenate the turns' new context and sampled ids; track, per turn, where each stream position sits
-    in that turn's own sequence p_t ++ a_t (for routing)."""
-    starts_with_split = index > 0
-    inner = repairs[1:] if starts_with_split else repairs  # repairs[0] of a later chunk is its split
+    """Concatenate each turn's new context p_t[k_t:] and sampled ids a_t into the stream."""
+    inner = repairs[1:] if index > 0 else repairs  # a later chunk's repairs[0] is the split that opened it
+    kept = [0] + [r.kept for r in inner]
+    total = sum(len(turn.prompt_ids) - k + len(turn.sampled_ids) for turn, k in zip(turns, kept))
+    positions = np.full((len(turns), total), -1, dtype=np.int32)  # [turn, stream position] -> position in p_t ++ a_t
     pieces, mask, logprobs, versions, spans = [], [], [], [], []
-    positions: list[np.ndarray] = []  # per turn: stream position -> position in p_t ++ a_t, or -1
     length = 0
     for t, turn in enumerate(turns):
-        kept = 0 if t == 0 else inner[t - 1].kept
-        context = turn.prompt_ids[kept:]
-        sampled = turn.sampled_ids
-        if t > 0:
-            positions = [np.concatenate([p, np.full(len(context) + len(sampled), -1)]) for p in positions]
-            previous = positions[-1]
-            back = _inverse(inner[t - 1].aligned, len(turns[t - 1].prompt_ids) + len(turns[t - 1].sampled_ids))
-            mapped = np.where(previous >= 0, back[np.maximum(previous, 0)], -1)
-        else:
-            mapped = np.zeros(0, dtype=np.int64)
-        own = np.concatenate([mapped[:length], np.arange(kept, len(turn.prompt_ids) + len(sampled))])
-        positions.append(own)
+        context, sampled = turn.prompt_ids[kept[t]:], turn.sampled_ids
+        new = len(context) + len(sampled)
+        if t:
+            positions[t, :length] = _carry(positions[t - 1, :length], inner[t - 1], turns[t - 1])
+        positions[t, length:length + new] = np.arange(kept[t], kept[t] + new)
         spans.append(LossSpan(numbers[t], length + len(context), sampled))
         pieces += [context, sampled]
         mask += [np.zeros(len(context), np.uint8), np.ones(len(sampled), np.uint8)]
-        logprobs += [np.zeros(len(context), np.float32), turn.sampler_logprobs.astype(np.float32)]
-        own_versions = turn.token_versions if turn.token_versions is not None else np.full(len(sampled), turn.policy_version)
-        versions += [np.zeros(len(context), np.int32), np.asarray(own_versions, dtype=np.int32)]
-        length += len(context) + len(sampled)
+        logprobs += [np.zeros(len(context), np.float32), turn.sampler_logprobs]
+        sampled_versions = turn.token_versions if turn.token_versions is not None else np.full(len(sampled), turn.policy_version)
+        versions += [np.zeros(len(context), np.int32), sampled_versions.astype(np.int32)]
+        length += new
     loss_versions = np.concatenate(versions)[np.concatenate(mask).astype(bool)]
     routing, recorded = _align_routing(turns, positions, spans, length)
     return TrajectoryChunk(
@@ -345,7 +345,7 @@ def _build_chunk(index: int, turns: list[TurnLike], numbers: list[int], repairs:
     )
 
 
-def _align_routing(turns: list[TurnLike], positions: list[np.ndarray], spans: list[LossSpan],
+def _align_routing(turns: list[TurnLike], positions: np.ndarray, spans: list[LossSpan],
                    length: int) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Routing rows for stream positions 0 .. n-2 (the last token is never fed), chosen as:
 
@@ -355,9 +355,9 @@ def _align_routing(turns: list[TurnLike], positions: list[np.ndarray], spans: li
       prefix-caching sampler (SGLang's radix cache) those rows are one record, under a recomputing one the latest
       turn ran the newest policy version, closest to the learner that replays it.
     - A row no turn computed exists only right after a normalized (u > 0) or retokenized boundary: the last
-      sampled token of that turn, which the next prompt does not contain as an id. It gets the row before it
-      (``routing_recorded`` False, counted in ``tito_metrics``); only later turns read it, and their context
-      already differs from the sampler's at that boundary.
+      sampled token of that turn, which the next prompt does not contain as an id (or where only turns without
+      a routing record fed a position). It gets the row before it (``routing_recorded`` False, counted in
+      ``tito_metrics``); only later turns read it, and their context already differs from the sampler's there.
     """
     if length < 2 or all(turn.routing is None for turn in turns):
         return None, None
@@ -436,25 +436,31 @@ def _check_routing_shapes(turns: list[TurnLike]) -> None:
 @dataclass(frozen=True)
 class _TokenStarts:
     char_of: dict[int, int]  # token index -> char offset where it starts (tokens starting on a char boundary)
-    token_at: dict[int, int]  # the inverse, plus len(text) -> number of tokens
+    token_at: dict[int, int]  # the inverse, plus the end of the text -> number of tokens
 
 
-def _token_starts(tokenizer: Any, ids: np.ndarray) -> _TokenStarts | None:
-    """Offset mapping of ``ids``: re-encode their text and read the offsets, when that reproduces the ids (it
-    does for a prompt the harness tokenized from rendered text). None when it does not."""
+def _token_starts(tokenizer: Any, ids: np.ndarray, before: int) -> _TokenStarts | None:
+    """Offset mapping of ``ids`` from the last added token (<|im_start|> ...) at or before index ``before``:
+    re-encode the text of that tail and read the offsets, when that reproduces the ids (it does for a prompt
+    the harness tokenized from rendered text; added tokens split the text, so the tail encodes on its own).
+    Char offsets are relative to the tail's start. None when the ids cannot be reproduced."""
     backend = _backend(tokenizer)
-    text = backend.decode([int(x) for x in ids], skip_special_tokens=False)
-    encoding = backend.encode(text, add_special_tokens=False)
-    if encoding.ids != [int(x) for x in ids]:
-        return None
-    char_of, token_at, reach = {}, {}, 0
-    for j, (start, end) in enumerate(encoding.offsets):
-        if start >= reach and start not in token_at:  # a token sharing a character with its predecessor is no boundary
-            char_of[j], token_at[start] = start, j
-        reach = max(reach, end)
-    token_at[len(text)] = len(ids)
-    char_of[len(ids)] = len(text)
-    return _TokenStarts(char_of, token_at)
+    added = np.fromiter(backend.get_added_tokens_decoder(), dtype=np.int64)
+    marks = np.flatnonzero(np.isin(ids[:before + 1], added))
+    for since in dict.fromkeys((int(marks[-1]) if len(marks) else 0, 0)):  # the tail, else the whole prompt
+        tail = [int(x) for x in ids[since:]]
+        text = backend.decode(tail, skip_special_tokens=False)
+        encoding = backend.encode(text, add_special_tokens=False)
+        if encoding.ids != tail:
+            continue
+        char_of, token_at, reach = {}, {}, 0
+        for j, (start, end) in enumerate(encoding.offsets):
+            if start >= reach and start not in token_at:  # a token sharing a character with its predecessor is no boundary
+                char_of[since + j], token_at[start] = start, since + j
+            reach = max(reach, end)
+        char_of[len(ids)], token_at[len(text)] = len(text), len(ids)
+        return _TokenStarts(char_of, token_at)
+    return None
 
 
 def _decode(tokenizer: Any, ids: np.ndarray) -> str:
@@ -470,15 +476,27 @@ def _backend(tokenizer: Any) -> Any:
     return backend
 
 
+def _prompt_drops(prompt: np.ndarray, next_prompt: np.ndarray) -> range:
+    """The values of s (prompt-side tokens dropped) cases 2 and 3 may try: s = len(p_i) - lcp(p_i, p_{i+1}),
+    the prompt suffix the next render does not repeat (at most 96), or one more, when the sampled ids begin
+    with the token the prompt ended on (a leading newline the harness stripped). a_i is laid where the two
+    prompts part: laying it further back would align it with older history that merely repeats it (agent
+    turns repeat the tool-call preamble), which is no repair but a spurious match."""
+    suffix = len(prompt) - _common_prefix(prompt, next_prompt)
+    return range(suffix, min(suffix + 1, MAX_PROMPT_DROP, len(prompt)) + 1)
+
+
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if len(differ) else n
 
 
-def _inverse(aligned: np.ndarray, size: int) -> np.ndarray:
-    """Map position in p_i ++ a_i -> position in p_{i+1}, -1 where p_{i+1} does not hold it."""
-    back = np.full(size + 1, -1, dtype=np.int64)  # +1 keeps indexing with a clamped -1 safe
-    held = aligned >= 0
-    back[aligned[held]] = np.flatnonzero(held)
-    return back
+def _carry(previous: np.ndarray, repair: Repair, prev: TurnLike) -> np.ndarray:
+    """Positions in turn i+1's sequence of the stream positions turn i held (``previous``), via the repair's
+    alignment of p_{i+1}[:k] onto p_i ++ a_i; -1 where turn i+1 does not hold them."""
+    size = len(prev.prompt_ids) + len(prev.sampled_ids)
+    back = np.full(size + 1, -1, dtype=np.int64)  # the extra last slot answers previous == -1 with -1
+    held = repair.aligned >= 0
+    back[repair.aligned[held]] = np.flatnonzero(held)
+    return back[previous]

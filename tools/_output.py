@@ -11,7 +11,8 @@ from rich.console import Console
 
 
 def console() -> Console:
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    wide = None if sys.stdout.isatty() else 160  # piped output: do not squeeze tables into 80 columns
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=wide)
 
 
 def _clean(value: Any) -> Any:

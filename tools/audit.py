@@ -10,32 +10,24 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tools._audit import capacity
+from tools._audit import capacity, tasks, verifiers
+
+
+SUBCOMMANDS = {"capacity": capacity, "tasks": tasks, "verifiers": verifiers}
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="t1-audit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in _subcommands():
+    for module in SUBCOMMANDS.values():
         module.add_parser(sub)
     return parser
 
 
-def _subcommands() -> list:
-    return [capacity]
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return args.run(args) if hasattr(args, "run") else _dispatch(args)
-
-
-def _dispatch(args: argparse.Namespace) -> int:
-    for module in _subcommands():
-        if module.__name__.rsplit(".", 1)[-1] == args.command:
-            return module.run(args)
-    raise SystemExit(f"unknown command {args.command}")
+    return SUBCOMMANDS[args.command].run(args)
 
 
 if __name__ == "__main__":

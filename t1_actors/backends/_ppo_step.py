@@ -140,7 +140,9 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
 
     ``replay``: the training forward replays the batch's routing record (R3). ``fidelity``: also run
     one no-grad forward without replay, for the logprob gap and routing mismatch without R3.
-    Returns the step's metrics (reduced over data-parallel ranks).
+    Returns the step's metrics (reduced over data-parallel ranks). The R3 logprob gap is measured on
+    the policy as it was before this step's first update: the whole batch when ``old_logprobs`` is
+    recomputed, else the first minibatch's training forward (all tokens when ``minibatches = 1``).
     """
     started = time.perf_counter()
     if replay and batch.routing is None:
@@ -155,21 +157,23 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
         advantages = ppo.whiten(advantages, mask)
     old_values = batch.old_values[:, 1:]
     sampler_logprobs = batch.sampler_logprobs[:, 1:]
+    # sums over loss tokens, reduced over ranks at the end: clip, kl, entropy, gap, tokens, gap tokens
+    sums = torch.zeros(6, dtype=torch.float64)
     if cfg.old_logprobs == "recompute":
         with torch.no_grad():
             old_logprobs = ppo.token_logprobs(policy.forward(batch.inputs, routing, False)[0], batch.targets,
                                               cfg.temperature)
+        sums[3] += float(logprob_gap_sum(old_logprobs, sampler_logprobs, mask))
+        sums[5] += float(mask.sum())
     else:
         old_logprobs = sampler_logprobs
 
     no_replay = fidelity_without_replay(policy.forward, batch, cfg.temperature) if fidelity and replay else None
 
-    # sums over loss tokens, reduced over ranks at the end: clip, kl, entropy, gap(epoch 0), tokens, tokens(epoch 0)
-    sums = torch.zeros(6, dtype=torch.float64)
     losses = torch.zeros(2, dtype=torch.float64)  # policy, value: each already divided by the global count
     grad_norms = []
     plan = minibatch_plan(len(batch), cfg, seed)
-    for epoch, rows in plan:
+    for update, (epoch, rows) in enumerate(plan):
         mb_mask = mask[rows]
         normalizer = all_reduce_sum(torch.tensor(float(mb_mask.sum())), group).clamp(min=1.0)
         logits, _ = policy.forward(batch.inputs[rows], None if routing is None else routing[rows], False)
@@ -187,7 +191,7 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
             kl = ppo.approx_kl(logprobs.detach(), old_logprobs[rows], mb_mask)
             sums[0:3] += torch.tensor([float(clip_fraction), float(kl), float(ent)], dtype=torch.float64) * count
             sums[4] += count
-            if epoch == 0:
+            if update == 0 and cfg.old_logprobs == "sampler":  # the only forward before any update
                 sums[3] += float(logprob_gap_sum(logprobs, sampler_logprobs[rows], mb_mask))
                 sums[5] += count
         losses[0] += float(loss.detach())

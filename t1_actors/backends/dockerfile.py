@@ -326,6 +326,9 @@ def _context_sources(pattern: str, context: Path | None, where: str, name: str) 
     pattern = os.path.normpath(pattern.lstrip("/")) if pattern not in (".", "./") else "."
     if pattern == ".":
         return [CopySource(".", host_path=str(root))]
+    if pattern == ".." or pattern.startswith("../"):
+        raise DockerfileError(f"{where}: {name} source {pattern!r} leaves the build context {root}; "
+                              f"put the file inside it")
     matches = [p for p in _glob(root, pattern)]
     if not matches:
         raise DockerfileError(f"{where}: {name} source {pattern!r} matches nothing in the build context {root}")

@@ -54,6 +54,7 @@ class Generation:
     logprobs: np.ndarray  # float32 [n]
     routing: np.ndarray | None  # [prompt_len + n - 1, layers, k] in routing_dtype(num_experts)
     finish_reason: FinishReason
+    policy_version: int = 0  # set by the backend that served it
 
 
 @dataclass
@@ -77,24 +78,53 @@ def nucleus_mask(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
 
 class _Columns:
-    """Per-row, per-column payload aligned with the KV cache (the attention mask and the routing)."""
+    """Per-row, per-column payload aligned with the KV cache (the attention mask and the routing).
+
+    Buffers are preallocated and grow by doubling, so appending a decode column costs O(batch).
+    """
 
     def __init__(self, tensors: dict[str, torch.Tensor]):
-        self.t = tensors  # name -> [B, columns, ...]
+        self.length = next(iter(tensors.values())).shape[1]
+        self._buf = {k: self._grown(v, max(2 * self.length, 64)) for k, v in tensors.items()}
+
+    @property
+    def t(self) -> dict[str, torch.Tensor]:
+        """The filled columns, ``name -> [B, length, ...]`` (views)."""
+        return {k: v[:, :self.length] for k, v in self._buf.items()}
 
     def append(self, columns: dict[str, torch.Tensor]) -> None:
-        self.t = {k: torch.cat([v, columns[k]], 1) for k, v in self.t.items()}
+        steps = next(iter(columns.values())).shape[1]
+        if self.length + steps > next(iter(self._buf.values())).shape[1]:
+            self._buf = {k: self._grown(v[:, :self.length], 2 * (self.length + steps)) for k, v in self._buf.items()}
+        for k, v in columns.items():
+            self._buf[k][:, self.length:self.length + steps] = v
+        self.length += steps
 
     def select(self, rows: torch.Tensor) -> None:
-        self.t = {k: v.index_select(0, rows) for k, v in self.t.items()}
+        self._buf = {k: v.index_select(0, rows) for k, v in self._buf.items()}
 
     def trim_left(self, columns: int) -> None:
-        self.t = {k: v[:, columns:].contiguous() for k, v in self.t.items()}
+        self._buf = {k: v[:, columns:].contiguous() for k, v in self._buf.items()}
+        self.length -= columns
 
     def merge(self, other: "_Columns", pad_self: int, pad_other: int) -> None:
-        def pad(v: torch.Tensor, n: int) -> torch.Tensor:
-            return torch.cat([v.new_zeros((v.shape[0], n, *v.shape[2:])), v], 1) if n else v
-        self.t = {k: torch.cat([pad(v, pad_self), pad(other.t[k], pad_other)], 0) for k, v in self.t.items()}
+        length = self.length + pad_self
+        capacity = max(2 * length, 64)
+        merged = {}
+        for k, v in self._buf.items():
+            parts = []
+            for buf, filled, pad in ((v, self.length, pad_self), (other._buf[k], other.length, pad_other)):
+                part = buf.new_zeros((buf.shape[0], capacity, *buf.shape[2:]))
+                part[:, pad:pad + filled] = buf[:, :filled]
+                parts.append(part)
+            merged[k] = torch.cat(parts, 0)
+        self._buf, self.length = merged, length
+
+    @staticmethod
+    def _grown(v: torch.Tensor, capacity: int) -> torch.Tensor:
+        out = v.new_zeros((v.shape[0], capacity, *v.shape[2:]))
+        out[:, :v.shape[1]] = v
+        return out
 
 
 class ContinuousBatcher:
@@ -150,15 +180,28 @@ class ContinuousBatcher:
     def active(self) -> int:
         return len(self._rows)
 
+    def set_model(self, model: MoEPolicy) -> None:
+        """Serve another policy (a new version). Only between generations: no row may be in flight."""
+        if self._rows:
+            raise RuntimeError(f"{len(self._rows)} sequences are mid-generation; drain them (step(admit=False)) "
+                               "before swapping the model, or one generation would mix two policies")
+        if model.config != self.config:
+            raise ValueError("the new policy has another shape (ModelConfig differs); start a new sampler")
+        dtype = self.model.lm_head.weight.dtype
+        self.model = (copy.deepcopy(model).to(dtype) if model.lm_head.weight.dtype != dtype else model).eval()
+
     @torch.inference_mode()
-    def step(self) -> list[tuple[int, Generation]]:
-        """Admit waiting prompts (prefill + first token), else decode one token for every row."""
+    def step(self, admit: bool = True) -> list[tuple[int, Generation]]:
+        """Admit waiting prompts (prefill + first token), else decode one token for every row.
+
+        ``admit=False`` only decodes (drains the batch, e.g. before a weight swap).
+        """
         finished = self._finish_cancelled()
         with self._lock:
-            room = self.max_batch - len(self._rows)
-            admit, self._pending = self._pending[:room], self._pending[room:]
-        if admit:
-            self._admit(admit)
+            room = self.max_batch - len(self._rows) if admit else 0
+            admitted, self._pending = self._pending[:room], self._pending[room:]
+        if admitted:
+            self._admit(admitted)
         elif self._rows:
             self._decode()
         return finished + self._finish_done()

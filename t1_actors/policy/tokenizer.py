@@ -70,7 +70,19 @@ def generic_shell_chats(n: int, seed: int = 0) -> Iterator[str]:
     """Rendered chats of everyday shell work: the corpus of the committed default tokenizer."""
     rng = random.Random(seed)
     words = ["app", "data", "logs", "config", "report", "notes", "backup", "src", "tests", "output", "input",
-             "users", "alpha", "beta", "result", "hello", "world", "README", "main", "value", "count"]
+             "users", "alpha", "beta", "gamma", "delta", "result", "hello", "world", "README", "main", "value",
+             "count", "server", "client", "cache", "build", "release", "index", "table", "records", "error",
+             "warning", "status", "summary", "archive", "scripts", "docs", "images", "home", "tmp", "var", "etc",
+             "lib", "bin", "share", "local", "user", "admin", "system", "network", "package", "version", "total",
+             "first", "last", "line", "lines", "word", "words", "file", "files", "name", "names", "number",
+             "numbers", "text", "date", "time", "size", "path", "list", "item", "items", "key", "keys", "price",
+             "city", "color", "green", "blue", "red", "apple", "banana", "orange", "north", "south", "east", "west"]
+    tasks = ["Task: in {d}, work on {f} so that it holds {w} {k} times.", "Create {f} containing the word {w}.",
+             "Count the lines of {f} and write the number to {d}/count.txt.", "Replace every {w} with {w2} in {f}.",
+             "Sort the {w} entries of {f} and save them as {d}/{w2}.{e}.", "Make {f} executable and run it.",
+             "Find all .{e} files under {d} and list their names in {d}/{w2}.txt.",
+             "Extract column {k} of {f} (comma separated) into {d}/{w2}.csv.", "Archive {d} into {d}.tar.gz.",
+             "Print the {k} last lines of {f} to {d}/tail.txt.", "The file {f} has a typo: {w} should be {w2}. Fix it."]
     exts = ["txt", "csv", "json", "log", "py", "sh", "md", "yaml", "conf"]
     commands = [
         "ls -la {d}", "cat {f}", "mkdir -p {d}", "echo '{w}' > {f}", "echo {w} >> {f}", "wc -l {f}",
@@ -87,7 +99,7 @@ def generic_shell_chats(n: int, seed: int = 0) -> Iterator[str]:
         k, k2 = rng.randint(1, 20), rng.randint(1, 99)
         steps = [rng.choice(commands).format(d=d, f=f, w=w, w2=w2, e=e, k=k, k2=k2) for _ in range(rng.randint(1, 3))]
         chat = [{"role": "system", "content": "You are a terminal agent. Run bash commands to solve the task."},
-                {"role": "user", "content": f"Task: in {d}, work on {f} so that it holds {w} {k} times."}]
+                {"role": "user", "content": rng.choice(tasks).format(d=d, f=f, w=w, w2=w2, e=e, k=k)}]
         for command in steps:
             chat.append({"role": "assistant", "content": "", "tool_calls": [{"name": "bash", "arguments": {"command": command}}]})
             output = rng.choice(["", f"{w}\n", f"{k} {f}\n", "No such file or directory\n", f"{w2} {k2}\n"])

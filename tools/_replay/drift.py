@@ -110,6 +110,7 @@ class DriftReport:
     repair_cases: Counter = field(default_factory=Counter)
     skipped: Counter = field(default_factory=Counter)
     versions: set = field(default_factory=set)
+    by_case: dict[str, GapStats] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         share = lambda a, b: a / b if b else None  # noqa: E731
@@ -126,6 +127,7 @@ class DriftReport:
             "repair_cases": dict(self.repair_cases),
             "routing_mismatch": {"per_layer": per_layer,
                                  "mean": float(np.mean(per_layer)) if per_layer else None},
+            "gap_r3_tito_by_case": {case: g.mean for case, g in sorted(self.by_case.items())},
             "versions": sorted(self.versions),
             "skipped": dict(self.skipped),
         })
@@ -144,10 +146,26 @@ def loss_runs(loss_mask: np.ndarray) -> list[tuple[int, int]]:
     return runs
 
 
+CASE_ORDER = ("single_turn", "strict", "normalized", "retokenized", "split")
+
+
+def worst_case(traj: TrajectoryAssembled) -> str:
+    """The weakest repair a chunk needed (normalized and retokenized train on a slightly different context)."""
+    cases = [c for c in traj.boundary_cases]
+    return max(cases, key=CASE_ORDER.index) if cases else "single_turn"
+
+
 def retokenized_loss_tokens(traj: TrajectoryAssembled) -> int:
-    """Loss tokens of the turns whose following boundary was repaired by retokenization (case 3)."""
+    """Loss tokens of the turns whose outgoing boundary was repaired by retokenization (case 3).
+
+    ``boundary_cases[n]`` is the repair leading into the chunk's turn n (chunk 0 has none for its first
+    turn, a later chunk's first entry is its incoming split), as ``t1_actors.tito`` records them; a turn's
+    sampled ids are one loss run.
+    """
     runs = loss_runs(np.asarray(traj.loss_mask))
-    return sum(end - start for (start, end), case in zip(runs, traj.boundary_cases) if case == "retokenized")
+    offset = 1 if traj.chunk > 0 else 0
+    cases = list(traj.boundary_cases)[offset:]
+    return sum(end - start for (start, end), case in zip(runs, cases) if case == "retokenized")
 
 
 def sampled_stream(turns: list[SamplerTurn]) -> tuple[np.ndarray, np.ndarray]:
@@ -216,6 +234,7 @@ def measure(report: DriftReport, traj: TrajectoryAssembled, *, models, temperatu
     report.gaps["tito"].add(lp["tito"][loss] - q[loss])
     if record is not None:
         report.gaps["r3_tito"].add(lp["r3_tito"][loss] - q[loss])
+        report.by_case.setdefault(worst_case(traj), GapStats()).add(lp["r3_tito"][loss] - q[loss])
         mism = routing_mismatch(live_rows, record)
         report.mismatch_sum = mism if report.mismatch_sum is None else report.mismatch_sum + mism
         report.mismatch_n += 1

@@ -48,7 +48,10 @@ class RunView:
                            "pass the run directory the campaign wrote") from exc
         if root == log_path and root.name == "log":
             root = root.parent
-        events = list(_read_all(log))
+        try:
+            events = list(_read_all(log))
+        except Exception as exc:  # CorruptionError names the segment, array and chunk
+            raise RunError(f"{log_path}: cannot read the log: {exc}") from exc
         return cls(root=root, log_path=log_path, events=events)
 
     # ------------------------------------------------------------ lookups

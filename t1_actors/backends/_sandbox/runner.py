@@ -47,8 +47,8 @@ def run_in_root(root: Path, argv: list[str], *, env: dict[str, str], workdir: st
     """Run ``argv`` with ``root`` as /, in fresh pid/ipc/uts (and net unless ``network``) namespaces."""
     caps = [arg for cap in linux.DOCKER_DEFAULT_CAPS for arg in ("--cap-add", cap)]
     sandbox = [bwrap_path(), "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
-               "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
-               *([] if network else ["--unshare-net"]), "--die-with-parent", "--new-session",
+               "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
+               *([] if network else ["--unshare-net"]), "--die-with-parent",  # no tty is ever passed: no --new-session
                "--cap-drop", "ALL", *caps, "--chdir", workdir, "--", *argv]
     cg_name = f"{name}-{os.getpid()}-{next(_counter)}"
     with cgroups.CommandCgroup(cg_name, cgroups.CgroupLimits(limits.memory_bytes, limits.pids, limits.cpus)) as cg:

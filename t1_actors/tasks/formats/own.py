@@ -119,4 +119,4 @@ def _mode(value: Any, file: Path, path: str) -> int:
 
 
 def _without_none(table: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in table.items() if value is not None}
+    return {key: value for key, value in table.items() if value is not None and value != {}}

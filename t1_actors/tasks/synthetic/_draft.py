@@ -89,6 +89,11 @@ def lines(path):
 
 def number(path):
     return int(Path(path).read_text().strip())
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-c", "safe.directory=*", "-C", repo, *args],
+                          capture_output=True, text=True, timeout=10)
 '''
 
 

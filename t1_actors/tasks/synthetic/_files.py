@@ -57,7 +57,8 @@ def cleanup(rng: random.Random) -> Draft:
     """Delete the files with one extension from a directory, keep the rest, count what is left."""
     directory = rng.choice(NAMES)
     doomed_ext, kept_ext = distinct(rng, EXTENSIONS, 2)
-    doomed_count, kept_count = rng.randint(2, 6), rng.randint(1, 4)
+    doomed_count = rng.randint(2, 6)
+    kept_count = rng.randint(1, min(4, doomed_count))  # a no-op passes the kept checks: keep them a minority
     stems = distinct(rng, NAMES, doomed_count + kept_count)
     doomed = [f"/app/{directory}/{stem}.{doomed_ext}" for stem in stems[:doomed_count]]
     kept = [f"/app/{directory}/{stem}.{kept_ext}" for stem in stems[doomed_count:]]
@@ -108,16 +109,16 @@ def permissions(rng: random.Random) -> Draft:
     script_path, secret_path, other_path = f"/app/{script}.sh", f"/app/{secret}.txt", f"/app/{bystander}.txt"
     files = {script_path: f"#!/bin/sh\necho {rng.choice(NAMES)}\n", secret_path: _content(rng),
              other_path: _content(rng)}
-    mode = "lambda p: stat.S_IMODE(os.stat(p).st_mode)"
+    mode = "mode = stat.S_IMODE(os.stat({!r}).st_mode)\n"
     return Draft(
         instruction=f"Make {script_path} executable and make {secret_path} readable and writable only by its owner.",
         commands=[f"chmod +x {script_path}", f"chmod 600 {secret_path}"],
         checks=[
             Check("script_executable", f"assert os.stat({script_path!r}).st_mode & stat.S_IXUSR"),
-            Check("script_unchanged", f"assert read({script_path!r}) == {files[script_path]!r}"),
-            Check("secret_mode_600", f"mode = {mode}\nassert mode({secret_path!r}) == 0o600"),
-            Check("secret_unchanged", f"assert read({secret_path!r}) == {files[secret_path]!r}"),
-            Check("bystander_mode_kept", f"mode = {mode}\nassert mode({other_path!r}) == 0o644"),
+            Check("secret_private", mode.format(secret_path) + "assert mode & 0o077 == 0"),
+            Check("secret_mode_600", mode.format(secret_path) + "assert mode == 0o600"),
+            Check("contents_unchanged", f"assert {{p: read(p) for p in {sorted(files)!r}}} == {files!r}"),
+            Check("bystander_mode_kept", mode.format(other_path) + "assert mode == 0o644"),
         ],
         files=files,
     )

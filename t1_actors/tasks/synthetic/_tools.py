@@ -107,18 +107,16 @@ def git_commit(rng: random.Random) -> Draft:
     message = rng.choice(WORDS)
     repo = f"/app/{directory}"
     files = {f"{repo}/{stem}.txt": text(lines_of_words(rng, rng.randint(1, 2))) for stem in stems}
-    git = f"['git', '-c', 'safe.directory=*', '-C', {repo!r}]"
-    run = f"run = lambda *a: subprocess.run({git} + list(a), capture_output=True, text=True, timeout=10)"
     checks = [
         Check("repository_created", f"assert Path({f'{repo}/.git'!r}).is_dir()"),
-        Check("commit_exists", f"{run}\nassert run('rev-parse', '--verify', 'HEAD').returncode == 0"),
-        Check("commit_message", f"{run}\nassert run('log', '-1', '--format=%s').stdout.strip() == {message!r}"),
+        Check("commit_exists", f"assert git({repo!r}, 'rev-parse', '--verify', 'HEAD').returncode == 0"),
+        Check("commit_message", f"assert git({repo!r}, 'log', '-1', '--format=%s').stdout.strip() == {message!r}"),
     ]
     for path in files:
         name = path.rsplit("/", 1)[1]
         checks.append(Check(identifier("committed", name),
-                            f"{run}\nassert {name!r} in run('ls-tree', '--name-only', 'HEAD').stdout.split()"))
-    checks.append(Check("working_tree_clean", f"{run}\nresult = run('status', '--porcelain')\n"
+                            f"assert {name!r} in git({repo!r}, 'ls-tree', '--name-only', 'HEAD').stdout.split()"))
+    checks.append(Check("working_tree_clean", f"result = git({repo!r}, 'status', '--porcelain')\n"
                                               f"assert result.returncode == 0 and result.stdout == ''"))
     return Draft(
         instruction=f"Make /app/{directory} a git repository and commit all its files with the message {message}.",

@@ -1,0 +1,96 @@
+"""Sampler throughput with routing capture vs without: same model, same prompts, same seeds, one run.
+
+    python bench/sampler.py [--batch 32] [--new-tokens 64] [--repeats 5] [--threads 1]
+
+Runs alternate (capture, no capture, capture, ...) so that machine noise hits both alike; each side's
+figure is its best run, timed in process CPU seconds (robust on a shared machine; with one torch
+thread CPU time is the compute time) and, for reference, in wall seconds. Prints a table, then one JSON line with ``capture_overhead`` (1 - with/without)
+and ``routing_bytes_per_token`` (layers * k * bytes per id).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from schemas import routing_dtype
+from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy.sampling import SamplingParams, generate
+from t1_actors.policy.tokenizer import default_tokenizer, generic_shell_chats
+
+
+def _prompts(batch: int) -> list[list[int]]:
+    tokenizer = default_tokenizer()
+    chats = list(generic_shell_chats(batch, seed=1))
+    # a prompt is a chat cut at a random point: lengths differ, as in a real rollout batch
+    rng = np.random.default_rng(0)
+    out = []
+    for chat in chats:
+        ids = tokenizer.encode(chat).ids
+        out.append(ids[: int(rng.integers(len(ids) // 3, len(ids) + 1))])
+    return out
+
+
+def _run(model, prompts, params, capture: bool) -> tuple[float, float, int, list]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    generations = generate(model, prompts, params, capture_routing=capture, max_batch=len(prompts))
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return cpu, wall, sum(len(g.output_ids) for g in generations), generations
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    config = ModelConfig()
+    model = MoEPolicy(config).eval()
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    model = model.to(dtype)
+    prompts = _prompts(args.batch)
+    params = [SamplingParams(max_new_tokens=args.new_tokens, seed=i) for i in range(args.batch)]
+    _run(model, prompts[:4], params[:4], True)  # warm-up
+    best = {True: float("inf"), False: float("inf")}
+    best_wall = dict(best)
+    tokens = {}
+    outputs = {}
+    for _ in range(args.repeats):
+        for capture in (True, False):
+            cpu, wall, n, generations = _run(model, prompts, params, capture)
+            best[capture] = min(best[capture], cpu)
+            best_wall[capture] = min(best_wall[capture], wall)
+            tokens[capture] = n
+            outputs[capture] = [g.output_ids for g in generations]
+    same = all(np.array_equal(a, b) for a, b in zip(outputs[True], outputs[False]))
+    with_capture = tokens[True] / best[True]
+    without = tokens[False] / best[False]
+    overhead = 1.0 - with_capture / without
+    bytes_per_token = config.num_layers * config.top_k * routing_dtype(config.num_experts).itemsize
+    prompt_tokens = sum(len(p) for p in prompts)
+    print(f"tiny MoE ({model.num_parameters() / 1e6:.2f} M params), batch {args.batch}, "
+          f"{prompt_tokens} prompt tokens, {args.new_tokens} new tokens each, {args.threads} thread(s), {args.dtype}")
+    print(f"{'':>18} {'tok/cpu-s':>10} {'best cpu s':>10} {'tok/wall-s':>10}")
+    for label, capture in (("routing capture", True), ("no capture", False)):
+        print(f"{label:>18} {tokens[capture] / best[capture]:>10.1f} {best[capture]:>10.3f} "
+              f"{tokens[capture] / best_wall[capture]:>10.1f}")
+    print(f"same sampled ids with and without capture: {same}")
+    print(f"routing record: {config.num_layers} layers x k={config.top_k} x "
+          f"{routing_dtype(config.num_experts).itemsize} B = {bytes_per_token} B per token")
+    print(json.dumps({"capture_overhead": round(overhead, 4), "routing_bytes_per_token": bytes_per_token,
+                      "tokens_per_s_with_capture": round(with_capture, 1),
+                      "tokens_per_s_without_capture": round(without, 1), "timing": "process cpu seconds, best of repeats",
+                      "batch": args.batch,
+                      "new_tokens": args.new_tokens, "same_outputs": same}))
+
+
+if __name__ == "__main__":
+    main()

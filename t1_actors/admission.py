@@ -1,0 +1,79 @@
+"""Admission rules of the staleness controller: policy lag, oversampling, the cancelled tail.
+
+Pure functions and a small ledger, so the rules can be read and tested apart from the actor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StalenessConfig(BaseModel):
+    """[staleness]: how far behind the learner a trajectory may be, and how much to oversample."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_size: int = Field(32, gt=0)  # admitted trajectories per learner step
+    max_staleness: int = Field(1, ge=0)  # admit iff learner_version - trial_version <= this
+    oversample: float = Field(0.25, ge=0)  # launch ceil(batch * (1 + oversample)) trials per batch
+    on_cancel: Literal["drop", "continue"] = "continue"  # cancelled tail: dropped, or resumed later
+    max_in_flight: int = Field(48, gt=0)
+
+
+def policy_lag(learner_version: int, trial_version: int) -> int:
+    """lag = v_learner - v_trial, with v_trial the OLDEST version that produced a loss token of the trial."""
+    return learner_version - trial_version
+
+
+def admit(lag: int, max_staleness: int) -> bool:
+    """Admit a finished trajectory iff 0 <= lag <= max_staleness (a negative lag is a bookkeeping bug)."""
+    if lag < 0:
+        raise ValueError(f"negative policy lag {lag}: a trial claims a version the learner has not published")
+    return lag <= max_staleness
+
+
+def trials_to_launch(batch_size: int, oversample: float) -> int:
+    """Trials launched per batch: B + k with k = ceil(B * oversample), so slow trials can be cut."""
+    return batch_size + math.ceil(batch_size * oversample)
+
+
+@dataclass
+class LengthBias:
+    """Turns and tokens of admitted vs cancelled trials: does cutting the tail favour short tasks?"""
+
+    admitted_turns: list[int] = field(default_factory=list)
+    admitted_tokens: list[int] = field(default_factory=list)
+    cancelled_turns: list[int] = field(default_factory=list)
+    cancelled_tokens: list[int] = field(default_factory=list)
+
+    def record(self, decision: str, turns: int, tokens: int) -> None:
+        if decision == "admit":
+            self.admitted_turns.append(turns)
+            self.admitted_tokens.append(tokens)
+        elif decision == "cancel":
+            self.cancelled_turns.append(turns)
+            self.cancelled_tokens.append(tokens)
+
+    def summary(self) -> dict[str, float]:
+        def mean(values: list[int]) -> float:
+            return float(sum(values) / len(values)) if values else float("nan")
+
+        return {
+            "admitted": len(self.admitted_turns), "cancelled": len(self.cancelled_turns),
+            "admitted_mean_turns": mean(self.admitted_turns), "cancelled_mean_turns": mean(self.cancelled_turns),
+            "admitted_mean_tokens": mean(self.admitted_tokens), "cancelled_mean_tokens": mean(self.cancelled_tokens),
+        }
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95 % by default)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)

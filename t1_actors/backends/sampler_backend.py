@@ -1,0 +1,99 @@
+"""The narrow interface every sampling engine stands behind, and the run config's [sampler] section.
+
+    async with open_sampler_backend(config, policy=...) as backend:
+        [gen] = await backend.generate([GenerateSpec("trial-1/0", prompt_ids, SamplingParams(...))])
+        await backend.cancel("trial-1/0")             # from another task: ends it with what it has
+        await backend.load_weights(path, version=3)   # between generations
+
+Backends: ``torch`` (embedded, ``torch_sampler.TorchSampler``) and ``sglang`` (HTTP client of an SGLang
+server, ``sglang_sampler.SGLangSampler``). Both return ``Generation`` records whose logprobs are
+``log_softmax(logits / T)`` of the sampled tokens (before top-p) and whose routing covers every fed
+position: ``[len(prompt) + len(output) - 1, layers, k]``.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator, Literal, Protocol, Sequence, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from t1_actors.policy.config import ModelConfig
+from t1_actors.policy.sampling import Generation, SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """One generation to run: a request id (for cancel), the input ids, the sampling parameters."""
+
+    request_id: str
+    input_ids: Sequence[int]
+    params: SamplingParams
+
+
+@runtime_checkable
+class SamplerBackend(Protocol):
+    version: int  # policy version now loaded
+
+    async def generate(self, requests: list[GenerateSpec]) -> list[Generation]:
+        """Run the requests (batched with whatever else is in flight); results in request order."""
+        ...
+
+    async def cancel(self, request_id: str) -> None:
+        """End an in-flight request; its ``generate`` returns it with ``finish_reason='cancelled'``."""
+        ...
+
+    async def load_weights(self, path: str, version: int) -> None:
+        """Load a published policy (HF Qwen3-MoE directory); applies between generations."""
+        ...
+
+
+class SamplerConfig(BaseModel):
+    """[sampler]: which engine serves the policy and how. Defaults: the tiny embedded run.
+
+    ``temperature`` and ``top_p`` are the defaults of a request that does not set them; the logprob
+    stored per sampled token is ``log pi_T = log_softmax(logits / temperature)`` before top-p.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["torch", "sglang"] = "torch"
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(256, gt=0)
+    capture_routing: bool = True
+    # torch backend
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    max_batch: int = Field(64, gt=0)
+    batch_window_s: float = Field(0.005, ge=0)  # gather concurrent requests before a prefill
+    torch_threads: int = Field(0, ge=0)  # 0: leave torch's default
+    # sglang backend
+    sglang_url: str = "http://127.0.0.1:30000"
+    request_timeout_s: float = Field(600.0, gt=0)
+    weight_update_timeout_s: float = Field(600.0, gt=0)
+
+
+@asynccontextmanager
+async def open_sampler_backend(config: SamplerConfig, *, policy=None, policy_path: str | None = None,
+                               model: ModelConfig | None = None, version: int = 0) -> AsyncIterator[SamplerBackend]:
+    """The configured backend, running for the duration of the block (torch: its engine task).
+
+    torch: serves ``policy`` (an ``MoEPolicy``) or the one saved at ``policy_path``. sglang: ``model``
+    (the served model's shape) sizes the routing record.
+    """
+    if config.backend == "torch":
+        from .torch_sampler import TorchSampler
+
+        if policy is None:
+            if policy_path is None:
+                raise ValueError("the torch sampler needs a policy (an MoEPolicy or policy_path to a saved one)")
+            from t1_actors.policy import MoEPolicy
+            policy = MoEPolicy.load(policy_path)
+        async with TorchSampler.open(policy, config=config, version=version) as backend:
+            yield backend
+    else:
+        from .sglang_sampler import SGLangSampler
+
+        async with SGLangSampler.open(config, model=model, version=version) as backend:
+            yield backend

@@ -1,0 +1,56 @@
+"""The envelope inside a sealed frame: who sent it, to whom, in reply to what, and the record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas import Record
+from schemas.codec import from_wire, pack, to_wire, unpack
+
+from .errors import AuthError
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    sender: str
+    dest: str
+    reply_to: bytes  # id of the request this answers (b"" for requests and bulk)
+    msg_id: bytes  # this message's id (the caller matches replies by it)
+    record: Record
+
+
+def pack_envelope(sender: str, dest: str, record: Record, msg_id: bytes, reply_to: bytes = b"") -> bytes:
+    return pack({"s": sender, "d": dest, "i": msg_id, "r": reply_to, "m": to_wire(record)})
+
+
+@dataclass(frozen=True, slots=True)
+class RawEnvelope:
+    """An authentic envelope whose record is not decoded yet (decoding may fail on its own)."""
+
+    sender: str
+    dest: str
+    reply_to: bytes
+    msg_id: bytes
+    wire: object
+
+    def record(self) -> Record:
+        return from_wire(self.wire)
+
+    def op(self) -> str:
+        kind = self.wire.get("t") if isinstance(self.wire, dict) else None
+        return kind if isinstance(kind, str) else "?"
+
+
+def unpack_envelope(body: memoryview | bytes) -> RawEnvelope:
+    """Parse an authenticated body; AuthError('malformed') when it is not an envelope."""
+    try:
+        obj = unpack(bytes(body))
+    except Exception as exc:  # msgpack raises many types on garbage
+        raise AuthError("malformed", f"body is not msgpack ({type(exc).__name__})") from None
+    if not isinstance(obj, dict) or set(obj) != {"s", "d", "i", "r", "m"}:
+        raise AuthError("malformed", "body is not a t1 envelope")
+    sender, dest, msg_id, reply_to = obj["s"], obj["d"], obj["i"], obj["r"]
+    if not (isinstance(sender, str) and isinstance(dest, str) and isinstance(msg_id, bytes)
+            and isinstance(reply_to, bytes)):
+        raise AuthError("malformed", "envelope fields have the wrong types")
+    return RawEnvelope(sender, dest, reply_to, msg_id, obj["m"])

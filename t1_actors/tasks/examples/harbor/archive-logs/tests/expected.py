@@ -1,0 +1,1 @@
+LOGS = {"boot.log": "boot ok\n", "old/disk.log": "disk warn\n"}

@@ -1,0 +1,3 @@
+#!/bin/bash
+uv pip install pytest
+pytest /tests -rA

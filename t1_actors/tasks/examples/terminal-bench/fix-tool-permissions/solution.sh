@@ -1,0 +1,3 @@
+#!/bin/bash
+chmod 755 /usr/local/bin/greet
+greet > /app/greeting.txt

@@ -1,0 +1,304 @@
+"""Trial orchestration, transport-free: run many trials concurrently, verify, assemble, admit or drop.
+
+``TrialRunner`` drives one trial from issue to decision through ``TrialPorts`` (the sampler, sandbox
+and verifier, whatever process they live in) and appends every fact to the log. ``run_batches``,
+``run_eval`` and ``run_warmup`` are the three schedules the staleness controller runs; the admission
+rules themselves live in ``t1_actors.admission``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import partial
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Protocol
+
+import numpy as np
+import trio
+
+from schemas import EvalResult, StalenessDecision, TrialIssued, VerifierResult
+
+from . import tito
+from .admission import LengthBias, StalenessConfig, admit, policy_lag, wilson_interval
+from .rollout import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
+
+
+class TrialPorts(Protocol):
+    """What a trial needs from the other actors. Each call may raise ``trio.Cancelled`` when the tail is cut."""
+
+    async def open_sandbox(self, trial_id: str, task_id: str) -> None: ...
+    async def execute(self, trial_id: str, turn: int, command: str) -> ToolOutcome: ...
+    async def close_sandbox(self, trial_id: str) -> None: ...
+    async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray) -> Generation: ...
+    async def cancel(self, trial_id: str) -> None: ...
+    async def verify(self, trial_id: str, task_id: str) -> VerifierResult: ...
+    async def log(self, *events: Any) -> None: ...
+    def learner_version(self) -> int: ...
+
+
+@dataclass
+class TrialOutcome:
+    trial_id: str
+    task_id: str
+    family: str
+    rollout: TrialRollout
+    result: VerifierResult | None
+    chunks: list = field(default_factory=list)
+    oldest_version: int = 0
+    tito: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def resolved(self) -> bool:
+        r = self.result
+        return r is not None and r.infra_error is None and r.total > 0 and r.passed == r.total
+
+
+class TrialRunner:
+    """Runs trials of tasks through the ports; knows nothing of processes or sockets."""
+
+    def __init__(self, ports: TrialPorts, tasks: dict[str, Any], tokenizer, limits: RolloutLimits, run_tag: str = "t"):
+        self.ports, self.tasks, self.tokenizer, self.limits = ports, tasks, tokenizer, limits
+        self._ids = itertools.count()
+        self.run_tag = run_tag
+
+    def new_trial_id(self, split: str) -> str:
+        return f"{self.run_tag}-{split}-{next(self._ids):06d}"
+
+    async def play(self, trial_id: str, task_id: str, *, rollout: TrialRollout | None = None) -> TrialRollout:
+        """The agent's turns only (sampler + sandbox); the sandbox stays open for the verifier."""
+        ports, task = self.ports, self.tasks[task_id]
+
+        async def sample(prompt_ids: np.ndarray, turn: int) -> Generation:
+            return await ports.generate(trial_id, turn, prompt_ids)
+
+        async def execute(command: str, turn: int) -> ToolOutcome:
+            return await ports.execute(trial_id, turn, command)
+
+        limits = RolloutLimits(**{**self.limits.__dict__, "max_turns": min(self.limits.max_turns, task.limits.max_turns)})
+        return await run_trial(task.instruction, sample=sample, execute=execute,
+                               encode=lambda text: self.tokenizer.encode(text, add_special_tokens=False).ids,
+                               decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+                               limits=limits, rollout=rollout)
+
+    async def finish(self, trial_id: str, task_id: str, rollout: TrialRollout, *, assemble: bool) -> TrialOutcome:
+        """Verify the final workspace, then (for training) assemble the TITO trajectory."""
+        task = self.tasks[task_id]
+        result = None
+        if rollout.infra_error is None and rollout.turns:
+            result = await self.ports.verify(trial_id, task_id)
+        outcome = TrialOutcome(trial_id, task_id, task.family or "", rollout, result)
+        if assemble and result is not None and result.infra_error is None:
+            turns = [tito.Turn(prompt_ids=t.prompt_ids, sampled_ids=t.generation.output_ids,
+                               sampler_logprobs=t.generation.logprobs, routing=t.generation.routing,
+                               policy_version=t.generation.policy_version) for t in rollout.turns]
+            outcome.chunks = tito.assemble(turns, self.tokenizer, reward=result.reward)
+            outcome.tito = tito.tito_metrics(outcome.chunks)
+            outcome.oldest_version = min(t.generation.policy_version for t in rollout.turns)
+        return outcome
+
+
+async def run_eval(runner: TrialRunner, task_ids: list[str], *, label: str, concurrency: int,
+                   on_progress: Callable[[int], None] | None = None) -> EvalResult:
+    """Every eval task once with the current policy: resolved rate (all tests pass), mean reward, 95 % CI."""
+    outcomes: list[TrialOutcome] = []
+    limiter = trio.CapacityLimiter(concurrency)
+    version_seen: list[int] = []
+
+    async def one(task_id: str) -> None:
+        async with limiter:
+            trial_id = runner.new_trial_id("eval")
+            await runner.ports.log(TrialIssued(trial_id=trial_id, task_id=task_id, split="eval",
+                                               policy_version_wanted=runner.ports.learner_version()))
+            await runner.ports.open_sandbox(trial_id, task_id)
+            try:
+                rollout = await runner.play(trial_id, task_id)
+                outcomes.append(await runner.finish(trial_id, task_id, rollout, assemble=False))
+                version_seen.extend(t.generation.policy_version for t in rollout.turns)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await runner.ports.close_sandbox(trial_id)
+            if on_progress:
+                on_progress(len(outcomes))
+
+    async with trio.open_nursery() as nursery:
+        for task_id in task_ids:
+            nursery.start_soon(one, task_id)
+    scored = [o for o in outcomes if o.result is not None and o.result.infra_error is None]
+    resolved = sum(o.resolved for o in scored)
+    per_family: dict[str, list[float]] = {}
+    for o in scored:
+        per_family.setdefault(o.family, []).append(float(o.resolved))
+    low, high = wilson_interval(resolved, len(scored))
+    event = EvalResult(label=label, policy_version=max(version_seen, default=runner.ports.learner_version()),
+                       n=len(scored), resolved=resolved,
+                       mean_reward=float(np.mean([o.result.reward for o in scored])) if scored else 0.0,
+                       ci_low=low, ci_high=high,
+                       per_family={k: float(np.mean(v)) for k, v in sorted(per_family.items())})
+    await runner.ports.log(event)
+    return event
+
+
+async def run_warmup(runner: TrialRunner, task_ids: list[str], *, concurrency: int) -> list[str]:
+    """Offline trajectories for the critic's warm-up: train tasks played by the SFT policy, logged, not admitted."""
+    trial_ids: list[str] = []
+    limiter = trio.CapacityLimiter(concurrency)
+
+    async def one(task_id: str) -> None:
+        async with limiter:
+            trial_id = runner.new_trial_id("warmup")
+            await runner.ports.log(TrialIssued(trial_id=trial_id, task_id=task_id, split="warmup",
+                                               policy_version_wanted=runner.ports.learner_version()))
+            await runner.ports.open_sandbox(trial_id, task_id)
+            try:
+                rollout = await runner.play(trial_id, task_id)
+                outcome = await runner.finish(trial_id, task_id, rollout, assemble=True)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await runner.ports.close_sandbox(trial_id)
+            if outcome.chunks:
+                await runner.ports.log(*[tito.to_event(c, trial_id=trial_id, task_id=task_id) for c in outcome.chunks])
+                trial_ids.append(trial_id)
+
+    async with trio.open_nursery() as nursery:
+        for task_id in task_ids:
+            nursery.start_soon(one, task_id)
+    return trial_ids
+
+
+@dataclass
+class _InFlight:
+    trial_id: str
+    task_id: str
+    rollout: TrialRollout = field(default_factory=TrialRollout)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+
+@dataclass
+class BatchStats:
+    batches: int = 0
+    admitted: int = 0
+    dropped: int = 0
+    cancelled: int = 0
+    resumed: int = 0
+    bias: LengthBias = field(default_factory=LengthBias)
+    tito: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    size: int
+    target: int
+    admitted: int = 0
+    in_flight: dict[str, _InFlight] = field(default_factory=dict)
+    changed: trio.Event = field(default_factory=trio.Event)
+
+    def poke(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+async def _train_trial(runner: TrialRunner, flight: _InFlight, batch: _Batch, config: StalenessConfig,
+                       stats: BatchStats, *, fresh: bool) -> None:
+    ports = runner.ports
+    outcome = None
+    with flight.scope:
+        if fresh:
+            await ports.open_sandbox(flight.trial_id, flight.task_id)
+        rollout = await runner.play(flight.trial_id, flight.task_id, rollout=flight.rollout)
+        if rollout.finish == "cancelled":
+            return  # stays in flight: the batch's end records the cancellation
+        outcome = await runner.finish(flight.trial_id, flight.task_id, rollout, assemble=True)
+    if outcome is None:
+        return  # cancelled with the tail: stays in flight, the batch's end records it
+    del batch.in_flight[flight.trial_id]
+    try:
+        if not outcome.chunks:  # infrastructure failure: its actor recorded it; never a reward of 0
+            return
+        lag = policy_lag(ports.learner_version(), outcome.oldest_version)
+        within = admit(lag, config.max_staleness)
+        ok = within and batch.admitted < batch.size
+        batch.admitted += ok
+        stats.admitted += ok
+        stats.dropped += not ok
+        decision = "admit" if ok else "drop"
+        reason = "" if ok else (f"lag {lag} > max_staleness {config.max_staleness}" if not within else "batch full")
+        stats.bias.record(decision, len(rollout.turns), rollout.tokens)
+        stats.tito.append(outcome.tito)
+        events = [tito.to_event(c, trial_id=flight.trial_id, task_id=flight.task_id) for c in outcome.chunks]
+        events.append(StalenessDecision(trial_id=flight.trial_id, decision=decision, lag=lag,
+                                        policy_version=outcome.oldest_version, reason=reason,
+                                        turns=len(rollout.turns), tokens=rollout.tokens))
+        await ports.log(*events)
+    finally:
+        with trio.CancelScope(shield=True):
+            await ports.close_sandbox(flight.trial_id)
+        batch.poke()
+
+
+async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config: StalenessConfig, *,
+                      until: Callable[[], bool], wait_for_learner: Callable[[int], Awaitable[None]],
+                      stats: BatchStats | None = None, max_batches_ahead: int = 1) -> BatchStats:
+    """Asynchronous rollouts for PPO, one batch at a time.
+
+    Batch n keeps ``trials_to_launch(B, oversample)`` trials going (topped up when one is dropped), admits
+    a finished trajectory iff its policy lag is within ``max_staleness``, and once B are admitted cancels
+    the tail: each cancelled trial is recorded, then dropped or (``on_cancel = "continue"``) resumed in the
+    next batch with its tokens and per-token versions kept. Batch n starts only once the learner has
+    reached version n - max_batches_ahead, so rollouts never run further ahead than that.
+    """
+    from .admission import trials_to_launch
+
+    stats = stats or BatchStats()
+    ports = runner.ports
+    resumable: list[_InFlight] = []
+    number = 0
+    while not until():
+        await wait_for_learner(number - max_batches_ahead)
+        if until():
+            break
+        batch = _Batch(config.batch_size, trials_to_launch(config.batch_size, config.oversample))
+        async with trio.open_nursery() as nursery:
+            for flight in resumable:
+                await ports.log(StalenessDecision(trial_id=flight.trial_id, decision="resume", lag=0,
+                                                  policy_version=ports.learner_version(),
+                                                  turns=len(flight.rollout.turns), tokens=flight.rollout.tokens,
+                                                  reason="continuation of a cancelled trial"))
+                stats.resumed += 1
+                flight.scope = trio.CancelScope()
+                batch.in_flight[flight.trial_id] = flight
+                nursery.start_soon(partial(_train_trial, runner, flight, batch, config, stats, fresh=False))
+            resumable = []
+            while batch.admitted < batch.size and not until():
+                while len(batch.in_flight) + batch.admitted < batch.target:
+                    task_id = next_task()
+                    flight = _InFlight(runner.new_trial_id("train"), task_id)
+                    await ports.log(TrialIssued(trial_id=flight.trial_id, task_id=task_id, split="train",
+                                                policy_version_wanted=ports.learner_version()))
+                    batch.in_flight[flight.trial_id] = flight
+                    nursery.start_soon(partial(_train_trial, runner, flight, batch, config, stats, fresh=True))
+                with trio.move_on_after(1.0):
+                    await batch.changed.wait()
+            for flight in batch.in_flight.values():  # the batch is full (or time is up): cut the tail
+                flight.scope.cancel()
+                with trio.move_on_after(2.0):
+                    await ports.cancel(flight.trial_id)
+        for flight in batch.in_flight.values():
+            keep = config.on_cancel == "continue" and not until()
+            await ports.log(StalenessDecision(trial_id=flight.trial_id, decision="cancel", lag=0,
+                                              policy_version=ports.learner_version(),
+                                              turns=len(flight.rollout.turns), tokens=flight.rollout.tokens,
+                                              reason="batch full; kept for continuation" if keep else "batch full"))
+            stats.cancelled += 1
+            stats.bias.record("cancel", len(flight.rollout.turns), flight.rollout.tokens)
+            if keep:
+                resumable.append(flight)
+            else:
+                with trio.CancelScope(shield=True):
+                    await ports.close_sandbox(flight.trial_id)
+        if batch.admitted >= batch.size:
+            number += 1
+            stats.batches += 1
+    for flight in resumable:
+        with trio.CancelScope(shield=True):
+            await ports.close_sandbox(flight.trial_id)
+    return stats

@@ -1,0 +1,57 @@
+"""Real engines wired in one process: the torch sampler, the local sandbox and the verifier, no transport.
+
+Used by tests of the trial orchestration (t1_actors.trials); the actors wire the same ports over pynng.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import trio
+
+from t1_actors.backends.local_sandbox import LocalSandboxBackend
+from t1_actors.backends.sampler_backend import GenerateSpec
+from t1_actors.policy.sampling import SamplingParams
+from t1_actors.rollout import Generation, ToolOutcome
+from t1_actors.verification import Verifier
+
+
+class InProcessPorts:
+    def __init__(self, sampler, tasks: dict, params: SamplingParams, sandbox: LocalSandboxBackend, verifier: Verifier):
+        self.sampler, self.tasks, self.params = sampler, tasks, params
+        self.sandbox_backend, self.verifier = sandbox, verifier
+        self.sandboxes: dict = {}
+        self.events: list = []
+        self.version = 0
+
+    async def open_sandbox(self, trial_id, task_id):
+        self.sandboxes[trial_id] = await trio.to_thread.run_sync(self.sandbox_backend.open, self.tasks[task_id], trial_id)
+
+    async def execute(self, trial_id, turn, command):
+        result = await trio.to_thread.run_sync(self.sandboxes[trial_id].exec, command, None)
+        return ToolOutcome(result.exit_code, result.stdout + result.stderr)
+
+    async def close_sandbox(self, trial_id):
+        sandbox = self.sandboxes.pop(trial_id, None)
+        if sandbox is not None:
+            await trio.to_thread.run_sync(sandbox.close)
+
+    async def generate(self, trial_id, turn, prompt_ids):
+        [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), self.params)])
+        return Generation(g.output_ids, g.logprobs, g.routing, g.policy_version, g.finish_reason)
+
+    async def cancel(self, trial_id):
+        for turn in range(64):
+            await self.sampler.cancel(f"{trial_id}/{turn}")
+
+    async def verify(self, trial_id, task_id):
+        sandbox = self.sandboxes[trial_id]
+        verification = await trio.to_thread.run_sync(self.verifier.verify, self.tasks[task_id], sandbox.trial_root)
+        event = verification.to_event()
+        self.events.append(event)
+        return event
+
+    async def log(self, *events):
+        self.events.extend(events)
+
+    def learner_version(self):
+        return self.version

@@ -1,0 +1,66 @@
+"""Data parallel: two gloo ranks, each with its share of the batch, give the single-process gradients."""
+
+import os
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from _learner_data import TINY, sample_trajectories, tiny_policy
+from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate, shard
+from t1_actors.ppo import PPOConfig
+
+CFG = PPOConfig(max_grad_norm=1e6)  # no clipping: compare raw gradients
+
+
+def _first_step_gradients(learner: TorchLearner, batch) -> dict[str, list[torch.Tensor]]:
+    """Gradients each optimiser sees at its first step (after the all-reduce), and the metrics."""
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def recorder(name, params):
+        def hook(optimizer, args, kwargs):
+            seen.setdefault(name, [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                                   for p in params])
+        return hook
+
+    learner.optimizer.register_step_pre_hook(recorder("policy", list(learner.policy.parameters())))
+    learner.critic.optimizer.register_step_pre_hook(recorder("critic", list(learner.critic.model.parameters())))
+    metrics = learner.step(batch).metrics
+    return {**seen, "metrics": metrics}
+
+
+def _batch():
+    policy = tiny_policy()
+    return collate(sample_trajectories(policy, 7, seed=5), None, num_layers=TINY.num_layers, top_k=TINY.top_k)
+
+
+def _rank(rank: int, world: int, init_file: str, out: str) -> None:
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        policy = tiny_policy()
+        learner = TorchLearner(policy, CFG, critic=TorchCritic.for_policy(policy, CFG))
+        result = _first_step_gradients(learner, shard(_batch()))
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_gloo_ranks_match_single_process_gradients(tmp_path):
+    torch.set_num_threads(1)
+    out = tmp_path / "rank0.pt"
+    os.environ["PYTHONPATH"] = os.pathsep.join(sys.path)
+    mp.start_processes(_rank, args=(2, str(tmp_path / "pg"), str(out)), nprocs=2, join=True, start_method="spawn")
+    distributed = torch.load(out, weights_only=False)
+
+    policy = tiny_policy()
+    single = _first_step_gradients(TorchLearner(policy, CFG, critic=TorchCritic.for_policy(policy, CFG)), _batch())
+    for name in ("policy", "critic"):
+        assert len(distributed[name]) == len(single[name])
+        for g_dp, g_one in zip(distributed[name], single[name]):
+            torch.testing.assert_close(g_dp, g_one, rtol=1e-4, atol=1e-7)
+    for metric in ("policy_loss", "value_loss", "clip_fraction", "entropy", "loss_tokens", "logprob_gap_no_r3",
+                   "explained_variance"):
+        assert distributed["metrics"][metric] == pytest.approx(single["metrics"][metric], rel=1e-4, abs=1e-6), metric

@@ -1,0 +1,178 @@
+"""Torch learner backend: the PPO step with R3, the critic, weight publishing and exact-resume checkpoints."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from _learner_data import TINY, sample_trajectories, tiny_policy
+from schemas import CriticValues, LearnerStep, PolicyUpdate, WeightsPublished, decode, encode
+from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate, sha256_file
+from t1_actors.policy.model import MoEPolicy
+from t1_actors.ppo import PPOConfig
+
+torch.set_num_threads(1)
+L, K = TINY.num_layers, TINY.top_k
+
+
+def batch_of(trajectories, values=None, **kw):
+    return collate(trajectories, values, num_layers=L, top_k=K, **kw)
+
+
+def flat_params(module):
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+def test_ppo_step_updates_policy_and_reports_every_metric():
+    policy = tiny_policy()
+    cfg = PPOConfig(minibatches=2, epochs=2)
+    learner = TorchLearner(policy, cfg, critic=TorchCritic.for_policy(policy, cfg))
+    batch = batch_of(sample_trajectories(policy, 8))
+    before = flat_params(policy)
+    result = learner.step(batch)
+    assert not torch.equal(before, flat_params(policy))
+    for name in ("policy_loss", "value_loss", "clip_fraction", "approx_kl", "entropy", "explained_variance",
+                 "logprob_gap_r3", "logprob_gap_no_r3", "routing_mismatch_no_r3", "tokens_per_s", "grad_norm"):
+        assert math.isfinite(result.metrics[name]), name
+    assert result.metrics["loss_tokens"] == float(batch.num_loss_tokens)
+    assert result.metrics["entropy"] > 0 and result.metrics["approx_kl"] >= 0
+    # the sampler is this very policy in fp32: with R3 the first forward reproduces its logprobs
+    assert result.metrics["logprob_gap_r3"] < 1e-4
+    assert (result.step, result.policy_version) == (0, 1)
+    event = result.event()
+    assert isinstance(event, LearnerStep) and decode(encode(event)) == event
+    assert event.trials == [f"trial-0-{i}" for i in range(8)]
+
+
+def test_ppo_raises_logprobs_of_positive_advantage_tokens_and_lowers_negative_ones():
+    policy = tiny_policy(3)
+    cfg = PPOConfig(actor_lr=1e-3, epochs=2)
+    batch = batch_of(sample_trajectories(policy, 16, seed=3))
+    baseline = float(batch.rewards.mean())  # V = mean reward: A = R - V has both signs
+    batch = batch.with_old_values(torch.full(batch.token_ids.shape, baseline))
+    advantage = (batch.rewards - baseline)[:, None].expand_as(batch.targets)
+    learner = TorchLearner(policy, cfg, fidelity_metrics=False)
+
+    def logprobs():
+        with torch.no_grad():
+            logits = policy(batch.inputs, routing_replay=batch.routing).logits
+        return torch.log_softmax(logits, -1).gather(-1, batch.targets[..., None]).squeeze(-1)
+
+    start = logprobs()
+    for _ in range(3):
+        metrics = learner.step(batch).metrics
+    moved = logprobs() - start
+    m = batch.action_mask
+    assert float(moved[m & (advantage > 0)].mean()) > 0.01
+    assert float(moved[m & (advantage < 0)].mean()) < -0.01
+    assert metrics["approx_kl"] > 0 and "value_loss" not in metrics
+
+
+def test_r3_gap_is_smaller_than_without_replay_with_bf16_sampler_and_fp32_learner():
+    config = TINY.model_copy(update={"num_experts": 8})
+    policy = tiny_policy(0, config)
+    trajectories = sample_trajectories(policy, 32, seed=2, sampler_dtype=torch.bfloat16)
+    batch = collate(trajectories, None, num_layers=config.num_layers, top_k=config.top_k)
+    learner = TorchLearner(policy, PPOConfig(), critic=TorchCritic.for_policy(policy, PPOConfig()))
+    metrics = learner.step(batch).metrics
+    assert metrics["routing_mismatch_no_r3"] > 0  # bf16 rounding flipped some expert choices
+    assert 0 < metrics["logprob_gap_r3"] < metrics["logprob_gap_no_r3"]
+
+
+def test_training_forward_replays_the_record_even_after_the_router_moved():
+    policy = tiny_policy()
+    batch = batch_of(sample_trajectories(policy, 8))
+    with torch.no_grad():
+        for layer in policy.model.layers:
+            layer.mlp.gate.weight.normal_(0, 1.0)  # the live router now disagrees with the record
+        live = policy(batch.inputs, capture_routing=True).routing
+        replayed = policy(batch.inputs, routing_replay=batch.routing).routing
+    assert not torch.equal(live, batch.routing)
+    assert torch.equal(replayed, batch.routing)
+    metrics = TorchLearner(policy, PPOConfig(), critic=TorchCritic.for_policy(policy, PPOConfig())).step(batch).metrics
+    assert metrics["routing_mismatch_no_r3"] > 0.1
+    assert metrics["logprob_gap_r3"] < metrics["logprob_gap_no_r3"]
+
+
+def test_critic_warmup_raises_explained_variance_on_a_fixed_dataset():
+    policy = tiny_policy(1)
+    dataset = [batch_of(sample_trajectories(policy, 32, seed=s)) for s in (10, 11)]
+    critic = TorchCritic.for_policy(policy, PPOConfig(minibatches=4))
+    report = critic.warmup(dataset)
+    assert report.epochs == 1 and report.trajectories == 64
+    assert report.explained_variance_after > report.explained_variance_before + 0.1
+    assert critic.explained_variance(dataset) == pytest.approx(report.explained_variance_after)
+    assert decode(encode(report.event())).explained_variance_after == report.explained_variance_after
+
+
+def test_critic_values_event_and_clipped_update_after_a_learner_step():
+    policy = tiny_policy()
+    cfg = PPOConfig()
+    critic = TorchCritic.for_policy(policy, cfg)
+    trajectories = sample_trajectories(policy, 8)
+    values = {(t.trial_id, t.chunk): critic.critic_values(t) for t in trajectories}
+    event = values[("trial-0-0", 0)]
+    assert isinstance(event, CriticValues) and len(event.values) == len(trajectories[0].token_ids)
+    assert event.values[0] == 0.0 and decode(encode(event)) == event
+    batch = batch_of(trajectories, values)
+    torch.testing.assert_close(batch.old_values, critic.values(batch_of(trajectories)))
+    learner = TorchLearner(policy, cfg)  # critic in its own actor: values come from the log
+    learner.step(batch)
+    first = critic.update(batch)["value_loss"]
+    second = critic.update(batch)["value_loss"]
+    assert second < first and critic.version == 2
+
+
+def test_publish_writes_checksummed_safetensors_with_a_new_version(tmp_path):
+    policy = tiny_policy()
+    learner = TorchLearner(policy, PPOConfig(), critic=TorchCritic.for_policy(policy, PPOConfig()))
+    learner.step(batch_of(sample_trajectories(policy, 4)))
+    published = learner.publish(tmp_path)
+    assert published.version == 1 and published.step == 0
+    assert published.sha256 == sha256_file(f"{published.location}/model.safetensors")
+    loaded = MoEPolicy.load(published.location)
+    assert torch.equal(flat_params(loaded), flat_params(policy))
+    assert isinstance(published.event(), WeightsPublished) and isinstance(published.message(), PolicyUpdate)
+    assert decode(encode(published.message())).sha256 == published.sha256
+    assert [p.name for p in tmp_path.iterdir()] == ["policy-v000001"]  # no temporary left behind
+
+
+def test_restarted_learner_resumes_exactly_from_its_checkpoint(tmp_path):
+    cfg = PPOConfig(minibatches=2, epochs=2)
+    policy = tiny_policy()
+    first = batch_of(sample_trajectories(policy, 8, seed=1))
+    second = batch_of(sample_trajectories(policy, 8, seed=2))
+    learner = TorchLearner(policy, cfg, critic=TorchCritic.for_policy(policy, cfg))
+    learner.step(first)
+    learner.save_checkpoint(tmp_path / "ckpt.pt", cursor=b"\x00log-position-17\xff")
+    expected = learner.step(second)
+
+    other = tiny_policy(seed=99)  # a fresh process: different weights until it loads the checkpoint
+    restarted = TorchLearner(other, cfg, critic=TorchCritic.for_policy(other, cfg))
+    assert restarted.load_checkpoint(tmp_path / "ckpt.pt") == b"\x00log-position-17\xff"
+    resumed = restarted.step(second)
+    assert torch.equal(flat_params(other), flat_params(policy))
+    assert torch.equal(flat_params(restarted.critic.model), flat_params(learner.critic.model))
+    assert (resumed.step, resumed.policy_version) == (expected.step, expected.policy_version)
+    assert resumed.metrics["policy_loss"] == expected.metrics["policy_loss"]
+
+
+def test_bad_inputs_get_clear_errors():
+    policy = tiny_policy()
+    trajectories = sample_trajectories(policy, 2)
+    bare = trajectories[0].model_copy(update={"routing": None})
+    with pytest.raises(ValueError, match="no routing record"):
+        batch_of([bare, trajectories[1]])
+    with pytest.raises(ValueError, match="no CriticValues for trajectory trial-0-1"):
+        batch_of(trajectories, {("trial-0-0", 0): CriticValues(trial_id="trial-0-0", chunk=0,
+                                                                  values=np.zeros(len(trajectories[0].token_ids), np.float32),
+                                                                  critic_version=0)})
+    with pytest.raises(ValueError, match="MoE layers"):
+        collate(trajectories, None, num_layers=3, top_k=K)
+    learner = TorchLearner(policy, PPOConfig())
+    with pytest.raises(ValueError, match="no critic"):
+        learner.step(batch_of(trajectories))
+    with pytest.raises(ValueError, match="load-balancing"):
+        TorchLearner(policy, PPOConfig(moe_aux_loss_coef=0.01), critic=TorchCritic.for_policy(policy, PPOConfig())
+                     ).step(batch_of(trajectories))

@@ -1,0 +1,222 @@
+"""The local sandbox: containment, limits, Dockerfile replay into a private copy-on-write root."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from t1_actors.backends._sandbox import cgroups
+from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig, SandboxBuildError, SandboxInfraError
+from t1_actors.tasks.model import Environment, FileSpec, Limits, Task
+from t1_actors.tasks.model import Tests as TaskTests
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or cgroups.available() is not None,
+                                reason="the local sandbox needs root and cgroup v1 memory/pids")
+
+
+def make_task(task_id: str = "t", **environment) -> Task:
+    return Task(id=task_id, family="test", instruction="do it", tests=TaskTests(files={"test_x.py": "def test_x(): pass\n"}),
+                environment=Environment(**environment),
+                limits=Limits(command_timeout_s=10, memory_mb=256, max_output_bytes=4096, build_timeout_s=60))
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    backend = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(tmp_path_factory.mktemp("sandbox")), pids_max=64))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def sandbox(backend):
+    with backend.open(make_task(files={"/app/in.txt": FileSpec(content="hello\n")}), "trial-a") as sandbox:
+        yield sandbox
+
+
+def test_exec_returns_exit_code_streams_and_duration(sandbox):
+    result = sandbox.exec("cat in.txt; echo oops >&2; exit 3")
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "hello\n", "oops\n")
+    assert result.duration_s > 0 and not result.timed_out and not result.stdout_truncated
+
+
+def test_state_persists_between_calls_and_starts_in_workdir(sandbox):
+    sandbox.exec("echo 1 > made.txt && mkdir -p /opt/tool /data && echo x > /opt/tool/x")
+    assert sandbox.exec("pwd; cat /app/made.txt /opt/tool/x").stdout == "/app\n1\nx\n"
+
+
+def test_no_network_during_agent_turns(sandbox):
+    result = sandbox.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\"")
+    assert result.exit_code != 0 and "unreachable" in result.stderr.lower()
+    assert sandbox.exec("cat /proc/net/dev | grep -c ':'").stdout.strip() == "1"  # only lo
+
+
+def test_writes_never_reach_the_host(sandbox, tmp_path):
+    marker = f"t1-escape-{os.getpid()}"
+    result = sandbox.exec(f"echo pwned > /etc/{marker}; echo pwned > /usr/local/bin/{marker}; "
+                          f"echo pwned > /tmp/{marker}; echo pwned > /root/{marker}; echo pwned > /var/{marker}; "
+                          f"rm -f /etc/hostname; ls /work /proc/1/root/work 2>&1 | head -2")
+    assert result.exit_code == 0
+    for directory in ("/etc", "/usr/local/bin", "/tmp", "/root", "/var"):
+        assert not Path(directory, marker).exists(), f"a sandbox write reached the host's {directory}"
+    assert Path("/etc/hostname").exists() or not Path("/etc/hostname").exists()  # host untouched either way
+    assert "No such file" in result.stdout  # the host's /work is not in the sandbox at all
+    assert sandbox.exec(f"cat /etc/{marker}").stdout == "pwned\n"  # ...but the trial sees its own write
+
+
+def test_host_system_files_read_but_not_modifiable_through_symlinks(sandbox):
+    sandbox.exec("ln -s /etc/passwd /app/link")
+    sandbox.write_file("/app/link", b"trial-only\n")  # follows the link inside the trial root
+    assert b"trial-only" not in Path("/etc/passwd").read_bytes()
+    assert sandbox.read_file("/etc/passwd") == b"trial-only\n"
+
+
+def test_infinite_loop_is_killed_at_the_timeout_and_sandbox_keeps_serving(sandbox):
+    result = sandbox.exec("while :; do :; done", timeout_s=1)
+    assert result.timed_out and result.killed_by == "timeout" and result.exit_code == 128 + 9
+    assert sandbox.exec("echo alive").stdout == "alive\n"
+
+
+def test_background_children_die_with_the_timeout(sandbox):
+    result = sandbox.exec("(sleep 30 &) ; sleep 30 & sleep 60", timeout_s=1)
+    assert result.timed_out
+    assert sandbox.exec("ps -e -o comm= | grep -c sleep || true").stdout.strip() == "0"
+
+
+def test_fork_bomb_is_contained(sandbox):
+    result = sandbox.exec("bomb() { bomb | bomb & }; bomb; sleep 2", timeout_s=4)
+    assert result.killed_by in ("pids", "timeout")
+    assert sandbox.exec("echo alive").stdout == "alive\n"
+
+
+def test_memory_hog_is_killed_by_the_memory_cap(sandbox):
+    result = sandbox.exec("python3 -c \"x = bytearray(1 << 30); print('allocated')\"", timeout_s=10)
+    assert result.exit_code != 0 and "allocated" not in result.stdout
+    assert result.killed_by == "memory" or "MemoryError" in result.stderr
+    assert sandbox.exec("echo alive").stdout == "alive\n"
+
+
+def test_hundred_megabytes_of_output_are_truncated_with_a_flag(sandbox):
+    result = sandbox.exec("head -c 100000000 /dev/zero | tr '\\0' a; echo done >&2", timeout_s=20)
+    assert result.exit_code == 0 and not result.timed_out
+    assert result.stdout_truncated and len(result.stdout) == 4096 and not result.stderr_truncated
+    assert result.stderr == "done\n"
+
+
+def test_file_size_cap(backend):
+    with backend.open(make_task("fsize"), "trial-fsize") as sandbox:
+        sandbox.backend  # noqa: B018
+        result = sandbox.exec(f"head -c {600 << 20} /dev/zero > /tmp/big", timeout_s=20)
+        assert result.exit_code != 0 and result.killed_by == "file_size"
+
+
+def test_no_capabilities_to_escape(sandbox):
+    result = sandbox.exec("mount -t tmpfs none /mnt 2>&1; mknod /tmp/disk b 254 0 2>&1; echo $?")
+    assert "permission denied" in result.stdout.lower() or "not permitted" in result.stdout.lower()
+    assert result.stdout.strip().endswith("1")
+
+
+def test_trials_are_isolated_from_each_other(backend):
+    task = make_task("iso")
+    with backend.open(task, "one") as one, backend.open(task, "two") as two:
+        one.exec("echo mine > /app/secret")
+        assert two.exec("cat /app/secret").exit_code != 0
+
+
+def test_close_removes_the_root_and_later_calls_are_infra_errors(backend):
+    sandbox = backend.open(make_task("close"), "closing")
+    sandbox.exec("echo x > /app/x")
+    directory = sandbox.directory
+    sandbox.close()
+    assert not directory.exists()
+    with pytest.raises(SandboxInfraError):
+        sandbox.exec("true")
+
+
+def test_concurrent_trials(backend):
+    task = make_task("conc")
+    errors = []
+
+    def trial(i: int) -> None:
+        try:
+            with backend.open(task, f"c{i}") as sandbox:
+                for j in range(3):
+                    assert sandbox.exec(f"echo {i}-{j} >> /app/log; wc -l < /app/log").stdout.strip() == str(j + 1)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=trial, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
+DOCKERFILE = r"""# syntax=docker/dockerfile:1
+FROM ghcr.io/laude-institute/t-bench/python-3-13:20250620
+ARG GREETING=hello
+ENV APP_HOME=/app \
+    LEVEL="two words"
+WORKDIR /app
+COPY data/*.csv /data/
+COPY tool.sh /usr/local/bin/tool
+COPY <<EOT /etc/myapp.conf
+greeting=${GREETING}
+EOT
+RUN mkdir -p /opt/build /protected && \
+    echo "$GREETING $LEVEL" > /opt/build/out.txt && \
+    chmod 700 /protected
+RUN <<EOF
+echo heredoc-ran > /app/heredoc.txt
+EOF
+WORKDIR sub
+RUN pwd > /app/where.txt
+USER nobody
+CMD ["bash"]
+"""
+
+
+def test_dockerfile_replay_builds_into_the_root_and_is_cached(backend, tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.csv").write_text("a\n")
+    (tmp_path / "data" / "b.csv").write_text("b\n")
+    (tmp_path / "data" / "skip.txt").write_text("no\n")
+    (tmp_path / "tool.sh").write_text("#!/bin/sh\necho tool-ok\n")
+    os.chmod(tmp_path / "tool.sh", 0o755)
+    task = make_task("docker", dockerfile=DOCKERFILE, context_dir=str(tmp_path), workdir="/app")
+    with backend.open(task, "d1") as sandbox:
+        assert not sandbox.build.cached
+        assert any("USER nobody" in item for item in sandbox.build.unhonoured)
+        assert any("CMD" in item for item in sandbox.build.unhonoured)
+        assert any(item.startswith("FROM ghcr.io/laude-institute") for item in sandbox.build.unhonoured)
+        out = sandbox.exec("ls /data; tool; cat /etc/myapp.conf /opt/build/out.txt /app/heredoc.txt /app/where.txt; "
+                           "stat -c %a /protected; echo $APP_HOME $LEVEL").stdout
+        assert out.split("\n") == ["a.csv", "b.csv", "tool-ok", "greeting=hello", "hello two words", "heredoc-ran",
+                                   "/app/sub", "700", "/app two words", ""]
+    assert not Path("/opt/build").exists() and not Path("/protected").exists()
+    with backend.open(task, "d2") as sandbox:
+        assert sandbox.build.cached
+        assert sandbox.exec("cat /opt/build/out.txt").stdout == "hello two words\n"
+
+
+def test_failing_build_step_is_an_infra_error_naming_the_line(backend):
+    task = make_task("broken", dockerfile="FROM ubuntu:24.04\nRUN echo about to fail && false\n")
+    with pytest.raises(SandboxBuildError, match="line 2"):
+        backend.open(task, "b1")
+
+
+def test_setup_commands_and_files_are_laid_before_the_first_turn(backend):
+    task = make_task("setup", files={"/srv/in.txt": FileSpec(content="x", mode=0o600)},
+                     setup=["cp /srv/in.txt /srv/copy.txt"], env={"MY_VAR": "42"})
+    with backend.open(task, "s1") as sandbox:
+        assert sandbox.exec("stat -c %a /srv/in.txt; cat /srv/copy.txt; echo; echo $MY_VAR").stdout == "600\nx\n42\n"
+
+
+def test_stale_trials_of_a_dead_owner_are_swept(backend):
+    sandbox = backend.open(make_task("stale"), "stale")
+    (sandbox.directory / "owner").write_text("999999999")  # no such process
+    assert backend.sweep_stale() >= 1
+    assert not sandbox.directory.exists()

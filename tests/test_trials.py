@@ -1,0 +1,117 @@
+"""Trial orchestration (t1_actors.trials) on real engines in one process: eval, warm-up and PPO batches."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import trio
+
+from schemas import EvalResult, StalenessDecision, TrajectoryAssembled, TrialIssued
+from t1_actors.admission import StalenessConfig, admit, policy_lag, trials_to_launch, wilson_interval
+from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+from t1_actors.backends.sampler_backend import SamplerConfig
+from t1_actors.backends.torch_sampler import TorchSampler
+from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy.sampling import SamplingParams
+from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
+from t1_actors.rollout import RolloutLimits
+from t1_actors.tasks import generate
+from t1_actors.trials import TrialRunner, run_batches, run_eval, run_warmup
+from t1_actors.verification import Verifier, VerifierConfig
+from t1_actors.warmstart import chat_corpus
+
+from _inprocess_ports import InProcessPorts
+
+
+def test_admission_rules():
+    assert policy_lag(5, 3) == 2
+    assert admit(0, 0) and admit(1, 1) and not admit(2, 1)
+    with pytest.raises(ValueError, match="negative policy lag"):
+        admit(-1, 1)
+    assert trials_to_launch(32, 0.25) == 40 and trials_to_launch(4, 0.0) == 4
+    low, high = wilson_interval(50, 100)
+    assert 0.40 < low < 0.5 < high < 0.6
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    base = tmp_path_factory.mktemp("trials")
+    tasks = generate("train", 24, seed=3)
+    tokenizer = train_tokenizer(chat_corpus(tasks), 512)
+    model = MoEPolicy(ModelConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                                  head_dim=32, num_experts=4, top_k=2, moe_intermediate_size=64))
+    sandbox = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(base / "sandbox")))
+    verifier = Verifier(VerifierConfig(base_dir=str(base / "verifier")))
+    yield tasks, tokenizer, model, sandbox, verifier
+    verifier.close()
+    sandbox.close()
+
+
+def _run(world, body):
+    tasks, tokenizer, model, sandbox, verifier = world
+    stop = special_token_ids(tokenizer)["<|im_end|>"]
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, stop_ids=(stop,), seed=1)
+
+    async def main():
+        async with TorchSampler.open(model, config=SamplerConfig(max_batch=16)) as sampler:
+            ports = InProcessPorts(sampler, {t.id: t for t in tasks}, params, sandbox, verifier)
+            runner = TrialRunner(ports, ports.tasks, tokenizer, RolloutLimits(max_turns=2, max_new_tokens=24))
+            return await body(ports, runner, tasks)
+
+    return trio.run(main)
+
+
+def test_eval_scores_every_task_and_logs_the_facts(world):
+    async def body(ports, runner, tasks):
+        return ports, await run_eval(runner, [t.id for t in tasks[:6]], label="before", concurrency=4)
+
+    ports, result = _run(world, body)
+    assert isinstance(result, EvalResult) and result.n == 6 and 0 <= result.resolved <= 6
+    assert result.ci_low <= result.resolved / 6 <= result.ci_high
+    assert sum(isinstance(e, TrialIssued) for e in ports.events) == 6
+    assert any(isinstance(e, EvalResult) for e in ports.events)
+
+
+def test_warmup_logs_trajectories_with_zero_drift(world):
+    async def body(ports, runner, tasks):
+        return ports, await run_warmup(runner, [t.id for t in tasks[:4]], concurrency=4)
+
+    ports, trial_ids = _run(world, body)
+    trajectories = [e for e in ports.events if isinstance(e, TrajectoryAssembled)]
+    assert {t.trial_id for t in trajectories} == set(trial_ids) and trial_ids
+    for t in trajectories:
+        assert (t.loss_mask == 1).sum() > 0 and t.routing is not None
+
+
+def test_batches_admit_exactly_the_batch_and_record_the_cut_tail(world):
+    config = StalenessConfig(batch_size=3, oversample=1.0, max_staleness=1, on_cancel="continue")
+
+    async def body(ports, runner, tasks):
+        cycle = itertools.cycle([t.id for t in tasks])
+        batches = {"n": 0}
+
+        async def wait_for_learner(version):
+            ports.version = max(ports.version, batches["n"])  # a learner that keeps up
+
+        def until():
+            batches["n"] = stats.batches
+            return stats.batches >= 2
+
+        from t1_actors.trials import BatchStats
+        stats = BatchStats()
+        await run_batches(runner, lambda: next(cycle), config, until=until, wait_for_learner=wait_for_learner,
+                          stats=stats)
+        return ports, stats
+
+    ports, stats = _run(world, body)
+    decisions = [e for e in ports.events if isinstance(e, StalenessDecision)]
+    admitted = [d for d in decisions if d.decision == "admit"]
+    assert stats.batches == 2 and len(admitted) == 6 == stats.admitted
+    assert {d.decision for d in decisions} <= {"admit", "drop", "cancel", "resume"}
+    assert stats.cancelled == sum(d.decision == "cancel" for d in decisions)
+    assert not ports.sandboxes, "every sandbox is closed at the end, cancelled ones included"
