@@ -173,6 +173,8 @@ def main() -> None:
             durable = measure(events, base, args.rounds, args.commit_every, StorageConfig(fsync=True))
             result.update(append_ratio_fsync=durable["append_ratio"], log_append_MBps_fsync=durable["log_append_MBps"],
                           raw_append_MBps_fsync=durable["raw_append_MBps"])
+        each = measure(events, base, args.rounds, 1, StorageConfig())  # a commit (raw: a flush) per event
+        result.update(append_ratio_commit_each=each["append_ratio"], log_append_MBps_commit_each=each["log_append_MBps"])
         result.update(events=args.events, rounds=args.rounds, tokens_per_event=TOKENS,
                       routing_shape=[LAYERS, TOP_K], num_experts=EXPERTS, cpus=os.cpu_count())
         print(json.dumps(result))

@@ -8,7 +8,7 @@ Public face::
         w.commit()                   # every appended event becomes visible at once
     log.get(event_id); log.by_trial(trial_id); log.events(kinds=None); log.fold(fn, init); log.counts()
     cur = log.cursor(saved_position, kinds=None); batch = cur.poll(); save(cur.position)  # exactly once
-    log.verify()                     # every committed chunk against its checksum
+    log.verify()                     # every committed chunk against its checksum -> {segment: {array: chunks}}
     # trio: await w.aappend(e) / w.acommit() / w.aclose(); await cur.apoll(); async for b in cur.atail(): ...
     #       await log.aget(...) / aby_trial / afold / acounts / averify   (zarr I/O runs in worker threads)
 
@@ -20,7 +20,11 @@ then a commit record carrying the crc32 of every chunk it (re)wrote. Readers tru
 only, so they never see half an event; a writer killed at any instant loses only its uncommitted
 tail and a reopened writer resumes from the last commit. Needs a store that replaces keys atomically
 (LocalStore, MemoryStore, object stores); on a LocalStore an flock enforces one live writer per
-segment. Commits are not fsynced: they survive a killed process, not a power cut.
+segment. By default commits survive a killed process, not a power cut; ``StorageConfig(fsync=True)``
+fsyncs chunks and commit records on a LocalStore. Errors: ``EventRejected`` (bad event, log
+unchanged), ``CorruptionError`` (.segment, .array, .chunk), ``WriterBusy``, ``LogNotFound``, all
+``LogError``. Readers keep a small index per event (time, kind, trial id) and decode headers and
+payloads on demand; events come back as fresh records owning their arrays.
 """
 
 from ._cursor import Cursor

@@ -57,13 +57,14 @@ class EventLog:
             marker = None
             root = None
         if marker is None:
-            if root is not None and not create:
-                raise LogNotFound(f"{where} holds a zarr group that is not a t1 event log")
+            if root is not None:
+                raise LogNotFound(f"{where} holds a zarr group that is not a t1 event log; pick another location")
             if not create:
                 raise LogNotFound(f"no t1 event log at {where}; pass create=True to make one")
-            root = zarr.open_group(store, mode="a")
-            if root.attrs.get("t1_event_log") is None:
-                root.attrs.update({"t1_event_log": FORMAT})
+            try:  # the marker goes in with the group's only metadata write: no half-made log
+                root = zarr.create_group(store, attributes={"t1_event_log": FORMAT})
+            except zarr.errors.ContainsGroupError:  # another process made it first
+                return cls.open(store, config=config)
             root.require_group("segments")
         elif int(marker) > FORMAT:
             raise LogError(f"event log at {where} has format {marker}, newer than this t1 reads ({FORMAT}); upgrade t1")

@@ -1,19 +1,149 @@
-"""`t1-actor`: launch actors (roles arrive with the runtime)."""
+"""`t1-actor`: run one actor, launch a whole run under a supervisor, check a config, run one task.
+
+    t1-actor launch --config run.toml [--host NAME]   every actor of this host, supervised
+    t1-actor <role> --config run.toml [--name NAME]   one actor (a cluster runs one per process/host)
+    t1-actor check --config run.toml                  validate the config and every actor's class/options
+    t1-actor run-task TASK_DIR [--oracle] [--json]    one task in a local sandbox, then its verifier
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import __version__
 
+_COMMANDS = ("launch", "check", "run-task")
+
+
+def _role_table() -> dict[str, str]:
+    from .runtime.roles import ROLES
+
+    return ROLES
+
+
+def _parser() -> argparse.ArgumentParser:
+    roles = _role_table()
+    epilog = "roles:\n" + "\n".join(f"  {role:<10} {target}" for role, target in roles.items())
+    epilog += ("\n\nany other role configured with actor_class = 'module:Class' runs the same way: "
+               "t1-actor ROLE --config run.toml --name NAME")
+    parser = argparse.ArgumentParser(prog="t1-actor", description="Launch and run t1 actors.", epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"t1 {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    launch = sub.add_parser("launch", help="start every actor of this host under a supervisor")
+    launch.add_argument("--config", required=True, help="the run's TOML config")
+    launch.add_argument("--host", action="append", default=None,
+                        help="treat actors with this host as local (repeatable; default: this machine's names)")
+    check = sub.add_parser("check", help="validate the config and every actor's class and options")
+    check.add_argument("--config", required=True)
+    sub.add_parser("run-task", help="run one task in a local sandbox and verify it (see run-task --help)",
+                   add_help=False)
+    for role in roles:
+        _add_role(sub, role)
+    return parser
+
+
+def _add_role(sub, role: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(role, help=f"run one {role} actor")
+    p.add_argument("--config", required=True, help="the run's TOML config")
+    p.add_argument("--name", default=None, help="the [[actors]] name (needed when the role has several)")
+    return p
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="t1-actor", description="Launch and run t1 actors.")
-    parser.add_argument("--version", action="version", version=f"t1 {__version__}")
-    parser.parse_args(argv)
-    parser.print_help()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "run-task":
+        from .run_task import main as run_task
+
+        return run_task(argv[1:])
+    parser = _parser()
+    if argv and not argv[0].startswith("-") and argv[0] not in _COMMANDS and argv[0] not in _role_table():
+        _add_role(parser._subparsers._group_actions[0], argv[0])  # a role from actor_class in the config
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    from .config import ConfigError
+
+    try:
+        if args.command == "launch":
+            return _launch(args)
+        if args.command == "check":
+            return _check(args)
+        return _run_one(args.command, args)
+    except ConfigError as exc:
+        print(f"t1-actor: config error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _check_classes(config, specs) -> None:
+    from .runtime.roles import actor_class
+
+    for spec in specs:
+        actor_class(spec).validate_options(spec)
+
+
+def _check(args) -> int:
+    from .config import load_config
+
+    config = load_config(args.config)
+    _check_classes(config, config.actors)
+    print(f"{args.config}: ok ({len(config.actors)} actors: "
+          f"{', '.join(f'{s.name} ({s.role})' for s in config.actors)})")
     return 0
+
+
+def _launch(args) -> int:
+    import trio
+
+    from .config import load_config
+    from .runtime.logs import configure_logging
+    from .runtime.supervisor import LOCAL_HOSTS, Supervisor, SupervisorError
+
+    config = load_config(args.config)
+    hosts = set(args.host) if args.host else LOCAL_HOSTS
+    local = [s for s in config.actors if s.host in hosts]
+    if not local:
+        print(f"t1-actor: no actor of {args.config} runs on {', '.join(sorted(hosts))} "
+              "(set host = ... or pass --host)", file=sys.stderr)
+        return 2
+    _check_classes(config, local)  # every class and its options, before any process starts
+    logger = configure_logging(actor="supervisor", role="supervisor", run_id=config.run.id)
+    supervisor = Supervisor(config, hosts=hosts, logger=logger)
+    try:
+        trio.run(lambda: supervisor.run(handle_signals=True))
+    except SupervisorError as exc:
+        logger.error("launch_failed", error=str(exc))
+        return 1
+    return 0
+
+
+def _run_one(role: str, args) -> int:
+    from .config import ConfigError, load_config
+    from .runtime.host import run_actor_process
+    from .runtime.process import die_with_parent
+    from .runtime.roles import actor_class
+    from .runtime.supervisor import SUPERVISOR_PID_ENV
+
+    config = load_config(args.config)
+    if args.name is None:
+        specs = config.actors_of(role)
+        if len(specs) != 1:
+            names = ", ".join(s.name for s in specs) or "none"
+            raise ConfigError(f"role {role!r} has {len(specs)} actors in {args.config} ({names}); pick one with --name")
+        spec = specs[0]
+    else:
+        spec = config.actor(args.name)
+        if spec.role != role:
+            raise ConfigError(f"actor {spec.name!r} has role {spec.role!r}, not {role!r}")
+    cls = actor_class(spec)
+    cls.validate_options(spec)
+    parent = os.environ.get(SUPERVISOR_PID_ENV)
+    if parent:
+        die_with_parent(int(parent))
+    return run_actor_process(cls, config, spec.name)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ repaired tokens (``Repair.context_mismatch``, counted in ``tito_metrics``); the 
 the sampled ids, drift 0.0000 %. ``assemble`` checks it on every chunk and raises ``TitoDriftError`` if broken.
 
 Routing (R3) is aligned to T as well; see ``_align_routing`` for which turn's row each position takes.
+
+    chunks = tito.assemble([tito.Turn(p, a, logprobs, routing, version), ...], tokenizer, reward=r)
+    events = [tito.to_event(chunk, trial_id=..., task_id=...) for chunk in chunks]   # TrajectoryAssembled
+    metrics = tito.tito_metrics(chunks)   # case counts, retokenized_share, drift_tokens (0), ...
 """
 
 from __future__ import annotations
@@ -361,9 +365,9 @@ def _align_routing(turns: list[TurnLike], positions: np.ndarray, spans: list[Los
     """
     if length < 2 or all(turn.routing is None for turn in turns):
         return None, None
-    template = next(turn.routing for turn in turns if turn.routing is not None)
+    recorded_by_some_turn = next(turn.routing for turn in turns if turn.routing is not None)
     rows = length - 1
-    routing = np.zeros((rows, *template.shape[1:]), dtype=template.dtype)
+    routing = np.zeros((rows, *recorded_by_some_turn.shape[1:]), dtype=recorded_by_some_turn.dtype)
     filled = np.zeros(rows, dtype=bool)
     for t, (turn, span) in enumerate(zip(turns, spans)):
         if turn.routing is None or len(span.sampled_ids) < 2:
@@ -425,6 +429,7 @@ def _checked(turn: TurnLike, i: int) -> TurnLike:
 
 
 def _check_routing_shapes(turns: list[TurnLike]) -> None:
+    """All routing records of a trial share one row shape [layers, k] and dtype."""
     recorded = [(i, t.routing) for i, t in enumerate(turns) if t.routing is not None]
     for i, routing in recorded[1:]:
         first, ref = recorded[0]

@@ -30,7 +30,8 @@ class TrialPorts(Protocol):
     async def execute(self, trial_id: str, turn: int, command: str) -> ToolOutcome: ...
     async def close_sandbox(self, trial_id: str) -> None: ...
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray) -> Generation: ...
-    async def cancel(self, trial_id: str) -> None: ...
+    async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
+        """Abort the trial's generation; with ``sandbox_id``, also stop its running command and sandbox."""
     async def verify(self, trial_id: str, task_id: str) -> VerifierResult: ...
     async def log(self, *events: Any) -> None: ...
     def learner_version(self) -> int: ...
@@ -64,15 +65,20 @@ class TrialRunner:
     def new_trial_id(self, split: str) -> str:
         return f"{self.run_tag}-{split}-{next(self._ids):06d}"
 
-    async def play(self, trial_id: str, task_id: str, *, rollout: TrialRollout | None = None) -> TrialRollout:
-        """The agent's turns only (sampler + sandbox); the sandbox stays open for the verifier."""
+    async def play(self, trial_id: str, task_id: str, *, rollout: TrialRollout | None = None,
+                   sandbox_id: str | None = None) -> TrialRollout:
+        """The agent's turns only (sampler + sandbox); the sandbox stays open for the verifier.
+
+        ``sandbox_id`` is the trial whose sandbox this one works in: a continuation keeps its original's.
+        """
         ports, task = self.ports, self.tasks[task_id]
+        sandbox_id = sandbox_id or trial_id
 
         async def sample(prompt_ids: np.ndarray, turn: int) -> Generation:
             return await ports.generate(trial_id, turn, prompt_ids)
 
         async def execute(command: str, turn: int) -> ToolOutcome:
-            return await ports.execute(trial_id, turn, command)
+            return await ports.execute(sandbox_id, turn, command)
 
         limits = RolloutLimits(**{**self.limits.__dict__, "max_turns": min(self.limits.max_turns, task.limits.max_turns)})
         return await run_trial(task.instruction, sample=sample, execute=execute,
@@ -80,12 +86,13 @@ class TrialRunner:
                                decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
                                limits=limits, rollout=rollout)
 
-    async def finish(self, trial_id: str, task_id: str, rollout: TrialRollout, *, assemble: bool) -> TrialOutcome:
+    async def finish(self, trial_id: str, task_id: str, rollout: TrialRollout, *, assemble: bool,
+                     sandbox_id: str | None = None) -> TrialOutcome:
         """Verify the final workspace, then (for training) assemble the TITO trajectory."""
         task = self.tasks[task_id]
         result = None
         if rollout.infra_error is None and rollout.turns:
-            result = await self.ports.verify(trial_id, task_id)
+            result = await self.ports.verify(sandbox_id or trial_id, task_id)
         outcome = TrialOutcome(trial_id, task_id, task.family or "", rollout, result)
         if assemble and result is not None and result.infra_error is None:
             turns = [tito.Turn(prompt_ids=t.prompt_ids, sampled_ids=t.generation.output_ids,
@@ -171,6 +178,11 @@ class _InFlight:
     task_id: str
     rollout: TrialRollout = field(default_factory=TrialRollout)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    sandbox_id: str = ""  # the original trial's: a continuation works on in the same sandbox
+    continuations: int = 0
+
+    def __post_init__(self) -> None:
+        self.sandbox_id = self.sandbox_id or self.trial_id
 
 
 @dataclass
@@ -203,11 +215,13 @@ async def _train_trial(runner: TrialRunner, flight: _InFlight, batch: _Batch, co
     outcome = None
     with flight.scope:
         if fresh:
-            await ports.open_sandbox(flight.trial_id, flight.task_id)
-        rollout = await runner.play(flight.trial_id, flight.task_id, rollout=flight.rollout)
+            await ports.open_sandbox(flight.sandbox_id, flight.task_id)
+        rollout = await runner.play(flight.trial_id, flight.task_id, rollout=flight.rollout,
+                                    sandbox_id=flight.sandbox_id)
         if rollout.finish == "cancelled":
             return  # stays in flight: the batch's end records the cancellation
-        outcome = await runner.finish(flight.trial_id, flight.task_id, rollout, assemble=True)
+        outcome = await runner.finish(flight.trial_id, flight.task_id, rollout, assemble=True,
+                                      sandbox_id=flight.sandbox_id)
     if outcome is None:
         return  # cancelled with the tail: stays in flight, the batch's end records it
     del batch.in_flight[flight.trial_id]
@@ -231,7 +245,7 @@ async def _train_trial(runner: TrialRunner, flight: _InFlight, batch: _Batch, co
         await ports.log(*events)
     finally:
         with trio.CancelScope(shield=True):
-            await ports.close_sandbox(flight.trial_id)
+            await ports.close_sandbox(flight.sandbox_id)
         batch.poke()
 
 
@@ -258,13 +272,20 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
             break
         batch = _Batch(config.batch_size, trials_to_launch(config.batch_size, config.oversample))
         async with trio.open_nursery() as nursery:
-            for flight in resumable:
-                await ports.log(StalenessDecision(trial_id=flight.trial_id, decision="resume", lag=0,
+            for cancelled in resumable:
+                # A continuation is a new trial id (a cancelled id stays cancelled at every actor), linked by
+                # resumed_from, working in the original's sandbox with the original's turns and versions.
+                flight = _InFlight(f"{cancelled.sandbox_id}~c{cancelled.continuations + 1}", cancelled.task_id,
+                                   cancelled.rollout, sandbox_id=cancelled.sandbox_id,
+                                   continuations=cancelled.continuations + 1)
+                await ports.log(StalenessDecision(trial_id=cancelled.trial_id, decision="resume", lag=0,
                                                   policy_version=ports.learner_version(),
                                                   turns=len(flight.rollout.turns), tokens=flight.rollout.tokens,
-                                                  reason="continuation of a cancelled trial"))
+                                                  reason=f"continued as {flight.trial_id}"),
+                                TrialIssued(trial_id=flight.trial_id, task_id=flight.task_id, split="train",
+                                            policy_version_wanted=ports.learner_version(),
+                                            resumed_from=cancelled.trial_id))
                 stats.resumed += 1
-                flight.scope = trio.CancelScope()
                 batch.in_flight[flight.trial_id] = flight
                 nursery.start_soon(partial(_train_trial, runner, flight, batch, config, stats, fresh=False))
             resumable = []
@@ -280,8 +301,9 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
                     await batch.changed.wait()
             for flight in batch.in_flight.values():  # the batch is full (or time is up): cut the tail
                 flight.scope.cancel()
-                with trio.move_on_after(2.0):
-                    await ports.cancel(flight.trial_id)
+                keep = config.on_cancel == "continue" and not until()
+                with trio.move_on_after(5.0):
+                    await ports.cancel(flight.trial_id, sandbox_id=None if keep else flight.sandbox_id)
         for flight in batch.in_flight.values():
             keep = config.on_cancel == "continue" and not until()
             await ports.log(StalenessDecision(trial_id=flight.trial_id, decision="cancel", lag=0,
@@ -294,11 +316,11 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
                 resumable.append(flight)
             else:
                 with trio.CancelScope(shield=True):
-                    await ports.close_sandbox(flight.trial_id)
+                    await ports.close_sandbox(flight.sandbox_id)
         if batch.admitted >= batch.size:
             number += 1
             stats.batches += 1
     for flight in resumable:
         with trio.CancelScope(shield=True):
-            await ports.close_sandbox(flight.trial_id)
+            await ports.close_sandbox(flight.sandbox_id)
     return stats

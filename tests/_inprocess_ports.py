@@ -39,7 +39,7 @@ class InProcessPorts:
         [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), self.params)])
         return Generation(g.output_ids, g.logprobs, g.routing, g.policy_version, g.finish_reason)
 
-    async def cancel(self, trial_id):
+    async def cancel(self, trial_id, *, sandbox_id=None):
         for turn in range(64):
             await self.sampler.cancel(f"{trial_id}/{turn}")
 

@@ -135,7 +135,7 @@ def test_publish_writes_checksummed_safetensors_with_a_new_version(tmp_path):
     assert torch.equal(flat_params(loaded), flat_params(policy))
     assert isinstance(published.event(), WeightsPublished) and isinstance(published.message(), PolicyUpdate)
     assert decode(encode(published.message())).sha256 == published.sha256
-    assert [p.name for p in tmp_path.iterdir()] == ["policy-v000001"]  # no temporary left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["v00001"]  # no temporary left behind
 
 
 def test_restarted_learner_resumes_exactly_from_its_checkpoint(tmp_path):

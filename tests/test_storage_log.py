@@ -178,8 +178,9 @@ def test_writer_arguments_and_opening_errors(tmp_path):
     with pytest.raises(LogNotFound, match="pass create=True"):
         EventLog.open(tmp_path / "missing")
     zarr.open_group(zarr.storage.LocalStore(tmp_path / "other"), mode="a")
-    with pytest.raises(LogNotFound, match="not a t1 event log"):
-        EventLog.open(tmp_path / "other")
+    for create in (False, True):
+        with pytest.raises(LogNotFound, match="not a t1 event log"):
+            EventLog.open(tmp_path / "other", create=create)
     log = EventLog.open(tmp_path / "log", create=True)
     with pytest.raises(ValueError, match="writer id"):
         log.writer("bad/id")

@@ -50,10 +50,10 @@ def check_loss_region(chunks, turns):
 
 
 def loss_starts(chunk, turns):
-    """Stream position of each turn's first sampled token, from the mask alone."""
+    """Stream position of each turn's first sampled token, from the mask alone (None: it sampled nothing)."""
     positions = np.flatnonzero(chunk.loss_mask)
     lengths = [len(turns[t].sampled_ids) for t in chunk.turns]
-    return [int(positions[sum(lengths[:n])]) for n in range(len(lengths))]
+    return [int(positions[sum(lengths[:n])]) if lengths[n] else None for n in range(len(lengths))]
 
 
 def cases(chunks):

@@ -163,6 +163,8 @@ def test_verifier_store_tampering_is_an_infra_error_not_a_score(backend, verifie
     outcome, _ = run_trial(backend, verifier, ["echo 42 > /app/answer.txt"], task)
     assert outcome.infra_error and "changed on disk" in outcome.infra_error
     assert outcome.passed == 0 and outcome.tests == {}
+    again, _ = run_trial(backend, verifier, ["echo 42 > /app/answer.txt"], task)  # rebuilt from the task
+    assert again.infra_error is None and again.passed == HONEST
 
 
 def test_missing_test_dependency_is_an_infra_error():

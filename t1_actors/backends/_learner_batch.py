@@ -9,13 +9,13 @@ used while *reading* token ``x_p``; replaying the ``T - 1`` input positions need
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from schemas import CriticValues, TrajectoryAssembled
+from schemas import CriticValues, Event, TrajectoryAssembled
 
 
 @dataclass(frozen=True)
@@ -143,3 +143,18 @@ def collate(trajectories: Sequence[TrajectoryAssembled],
     return TrajectoryBatch(token_ids=token_ids, valid=valid, loss_mask=loss_mask, sampler_logprobs=logprobs,
                            rewards=rewards, routing=routing, old_values=old_values,
                            trial_ids=tuple(t.trial_id for t in trajectories))
+
+
+def trial_records(events: Iterable[Event]) -> tuple[list[TrajectoryAssembled], dict[tuple[str, int], CriticValues]]:
+    """A trial's trajectory chunks (in chunk order) and the newest critic values of each, from its events
+    (e.g. ``EventLog.by_trial``)."""
+    chunks: dict[int, TrajectoryAssembled] = {}
+    values: dict[tuple[str, int], CriticValues] = {}
+    for event in events:
+        if isinstance(event, TrajectoryAssembled):
+            chunks[event.chunk] = event
+        elif isinstance(event, CriticValues):
+            key = (event.trial_id, event.chunk)
+            if key not in values or event.critic_version >= values[key].critic_version:
+                values[key] = event
+    return [chunks[c] for c in sorted(chunks)], values

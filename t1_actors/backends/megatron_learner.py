@@ -34,7 +34,8 @@ from ..policy.config import ModelConfig
 from ..policy.model import MoEPolicy
 from ._learner_batch import TrajectoryBatch
 from ._ppo_step import Trainable, run_ppo_step
-from .torch_learner import CHECKPOINT_FORMAT, PublishedWeights, StepResult, TorchCritic, make_optimizer, sha256_file
+from .torch_learner import (CHECKPOINT_FORMAT, PublishedWeights, StepResult, TorchCritic, make_optimizer, sha256_file,
+                            version_dirname)
 
 __all__ = ["MegatronLearner", "build_gpt_model", "to_policy_state", "from_policy_state"]
 
@@ -302,8 +303,8 @@ class MegatronLearner:
     def publish(self, directory: str | Path) -> PublishedWeights:
         """The policy as a HF Qwen3-MoE directory (what the samplers load), like the torch backend."""
         directory = Path(directory)
-        final = directory / f"policy-v{self.policy_version:06d}"
-        tmp = directory / f".policy-v{self.policy_version:06d}.tmp-{os.getpid()}"
+        final = directory / version_dirname(self.policy_version)
+        tmp = directory / f".{version_dirname(self.policy_version)}.tmp-{os.getpid()}"
         self.to_policy().save(tmp)
         digest = sha256_file(tmp / "model.safetensors")
         tmp.rename(final)

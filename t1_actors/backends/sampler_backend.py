@@ -19,6 +19,7 @@ from typing import AsyncIterator, Literal, Protocol, Sequence, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from t1_actors.config import section
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.sampling import Generation, SamplingParams
 
@@ -49,6 +50,7 @@ class SamplerBackend(Protocol):
         ...
 
 
+@section("sampler")
 class SamplerConfig(BaseModel):
     """[sampler]: which engine serves the policy and how. Defaults: the tiny embedded run.
 

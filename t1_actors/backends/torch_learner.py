@@ -38,7 +38,7 @@ from ._learner_batch import TrajectoryBatch, collate
 from ._ppo_step import Trainable, monte_carlo_returns, run_ppo_step, run_value_updates, advantages_and_returns, world_size
 
 __all__ = ["TorchLearner", "TorchCritic", "StepResult", "PublishedWeights", "WarmupReport", "TrajectoryBatch",
-           "collate", "init_data_parallel", "shard", "broadcast_parameters", "sha256_file"]
+           "collate", "version_dirname", "init_data_parallel", "shard", "broadcast_parameters", "sha256_file"]
 
 CHECKPOINT_FORMAT = 1
 
@@ -95,6 +95,11 @@ class WarmupReport:
         return CriticWarmup(epochs=self.epochs, trajectories=self.trajectories,
                             explained_variance_before=self.explained_variance_before,
                             explained_variance_after=self.explained_variance_after, metrics=self.metrics)
+
+
+def version_dirname(version: int) -> str:
+    """Directory name of a published policy version (the run's ``weights/vNNNNN``)."""
+    return f"v{version:05d}"
 
 
 def sha256_file(path: str | Path) -> str:
@@ -243,11 +248,11 @@ class TorchLearner:
                           metrics=metrics)
 
     def publish(self, directory: str | Path) -> PublishedWeights:
-        """Write the current policy as ``<directory>/policy-v<version>`` (HF Qwen3-MoE layout), atomically:
-        it appears under its final name only once complete."""
+        """Write the current policy as ``<directory>/v<version:05d>`` (HF Qwen3-MoE layout; the campaign's
+        ``weights_dir`` naming), atomically: it appears under its final name only once complete."""
         directory = Path(directory)
-        final = directory / f"policy-v{self.policy_version:06d}"
-        tmp = directory / f".policy-v{self.policy_version:06d}.tmp-{os.getpid()}"
+        final = directory / version_dirname(self.policy_version)
+        tmp = directory / f".{version_dirname(self.policy_version)}.tmp-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
         self.policy.save(tmp)

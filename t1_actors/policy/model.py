@@ -38,7 +38,7 @@ class BackboneOutput:
     past_key_values: KVCache | None
 
 
-def _attention_bias(attention_mask: torch.Tensor | None, steps: int, past: int, dtype: torch.dtype
+def _attention_bias(attention_mask: torch.Tensor | None, steps: int, past: int, device: torch.device
                     ) -> torch.Tensor | None:
     """Boolean mask ``[B,1,T,past+T]``: causal and padding. None when plain causal attention suffices.
 
@@ -47,8 +47,8 @@ def _attention_bias(attention_mask: torch.Tensor | None, steps: int, past: int, 
     if attention_mask is None and (past == 0 or steps == 1):
         return None  # plain causal (prefill) or a single new column that sees everything
     total = past + steps
-    query_col = torch.arange(past, total).view(steps, 1)
-    key_col = torch.arange(total).view(1, total)
+    query_col = torch.arange(past, total, device=device).view(steps, 1)
+    key_col = torch.arange(total, device=device).view(1, total)
     allowed = (key_col <= query_col).unsqueeze(0)  # [1, T, S]
     if attention_mask is not None:
         if attention_mask.shape[-1] != total:
@@ -59,10 +59,11 @@ def _attention_bias(attention_mask: torch.Tensor | None, steps: int, past: int, 
     return allowed.unsqueeze(1)
 
 
-def _positions(attention_mask: torch.Tensor | None, batch: int, steps: int, past: int) -> torch.Tensor:
+def _positions(attention_mask: torch.Tensor | None, batch: int, steps: int, past: int,
+               device: torch.device) -> torch.Tensor:
     """Position of each new token: its index among the real tokens of its row (left padding ignored)."""
     if attention_mask is None:
-        return torch.arange(past, past + steps).expand(batch, steps)
+        return torch.arange(past, past + steps, device=device).expand(batch, steps)
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -steps:]
 
 
@@ -95,10 +96,11 @@ class MoEBackbone(nn.Module):
                             device=input_ids.device)
         past = cache.length if cache is not None else 0
         h = self.embed_tokens(input_ids)
-        rope = self.rotary_emb(_positions(attention_mask, batch, steps, past).to(input_ids.device), h.dtype)
-        mask = _attention_bias(attention_mask, steps, past, h.dtype)
-        if mask is not None:
-            mask = mask.to(input_ids.device)
+        device = input_ids.device
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(device)
+        rope = self.rotary_emb(_positions(attention_mask, batch, steps, past, device), h.dtype)
+        mask = _attention_bias(attention_mask, steps, past, device)
         selected = []
         for i, layer in enumerate(self.layers):
             replay = routing_replay[:, :, i] if routing_replay is not None else None

@@ -10,15 +10,6 @@ from schemas.codec import from_wire, pack, to_wire, unpack
 from .errors import AuthError
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    sender: str
-    dest: str
-    reply_to: bytes  # id of the request this answers (b"" for requests and bulk)
-    msg_id: bytes  # this message's id (the caller matches replies by it)
-    record: Record
-
-
 def pack_envelope(sender: str, dest: str, record: Record, msg_id: bytes, reply_to: bytes = b"") -> bytes:
     return pack({"s": sender, "d": dest, "i": msg_id, "r": reply_to, "m": to_wire(record)})
 

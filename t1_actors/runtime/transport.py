@@ -1,0 +1,197 @@
+"""pynng sockets under trio: control request/reply with deadlines, bulk push/pull without.
+
+Control plane: each actor listens on a Rep0 socket and serves every request in its own trio task on its
+own nng context, so a slow handler never holds up a heartbeat or a ping. A caller opens one Req0
+socket per peer and one context per call; the call runs under a deadline and a miss raises
+``DeadlineExceeded`` (nng cancels the request, nothing hangs).
+
+Bulk: each actor also listens on a Pull0 socket; senders Push0 to it. A push waits for the receiver
+as long as it takes (weights, trajectories: no control-plane deadline) and the receiver handles bulk
+messages one at a time, in order, which back-pressures the sender. Nothing here uses pub/sub.
+
+Every frame is sealed (auth.py); frames that fail are dropped and counted by ``RejectLog``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pynng
+import structlog
+import trio
+
+from schemas import Record
+from schemas.messages import ErrorReply
+
+from .auth import BULK, REPLY, REQUEST, Opener, Sealer
+from .errors import AuthError, DeadlineExceeded
+from .wire import RawEnvelope, pack_envelope, unpack_envelope
+
+Handler = Callable[[RawEnvelope], Awaitable[Record]]
+BulkHandler = Callable[[RawEnvelope], Awaitable[None]]
+
+_NO_RESEND_MS = 24 * 3600 * 1000  # nng would otherwise resend after 60 s: a duplicate we reject as a replay
+
+
+class RejectLog:
+    """Counts dropped frames by reason; logs the first few of each reason, then every 1000th."""
+
+    def __init__(self, log: structlog.typing.FilteringBoundLogger, where: str):
+        self.counts: Counter[str] = Counter()
+        self._log = log
+        self._where = where
+
+    def note(self, exc: AuthError, peer: str | None = None) -> None:
+        self.counts[exc.reason] += 1
+        n = self.counts[exc.reason]
+        if n <= 5 or n % 1000 == 0:
+            self._log.warning("frame_rejected", where=self._where, reason=exc.reason, detail=str(exc),
+                              count=n, peer=peer)
+
+
+def _prepare_listen(address: str) -> None:
+    if address.startswith("ipc://"):
+        Path(address[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _listen(sock: pynng.Socket, address: str, what: str) -> None:
+    _prepare_listen(address)
+    try:
+        sock.listen(address)
+    except pynng.AddressInUse:
+        sock.close()
+        raise OSError(f"{what}: address {address} is already in use (another actor or a stale process); "
+                      "stop it or pick another address") from None
+
+
+class ControlServer:
+    """Serves authenticated requests addressed to ``name``; each in its own task and nng context."""
+
+    def __init__(self, name: str, address: str, sealer: Sealer, opener: Opener, *, max_bytes: int,
+                 rejects: RejectLog):
+        self.name, self.address = name, address
+        self._sealer, self._opener, self._max_bytes, self.rejects = sealer, opener, max_bytes, rejects
+        self._accepting = trio.CancelScope()
+
+    async def serve(self, handle: Handler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until ``stop_accepting()``; then return once every request in flight has been answered."""
+        sock = pynng.Rep0(recv_max_size=self._max_bytes)
+        _listen(sock, self.address, f"actor {self.name!r} control")
+        try:
+            async with trio.open_nursery() as handlers:
+                task_status.started()
+                with self._accepting:
+                    while True:
+                        ctx = sock.new_context()
+                        try:
+                            frame = await ctx.arecv()
+                        except BaseException:
+                            ctx.close()
+                            raise
+                        handlers.start_soon(self._serve_one, ctx, frame, handle)
+        finally:
+            sock.close()
+
+    def stop_accepting(self) -> None:
+        self._accepting.cancel()
+
+    async def _serve_one(self, ctx: pynng.Context, frame: bytes, handle: Handler) -> None:
+        try:
+            try:
+                env = unpack_envelope(self._opener.open(REQUEST, frame))
+                if env.dest != self.name:
+                    raise AuthError("misaddressed", f"for {env.dest!r}, this is {self.name!r}")
+            except AuthError as exc:
+                self.rejects.note(exc)
+                return  # dropped without a reply: the caller's deadline covers it
+            reply = await handle(env)
+            body = pack_envelope(self.name, env.sender, reply, os.urandom(8), env.msg_id)
+            with trio.move_on_after(30):  # a Rep send does not block in practice; never hang on it
+                await ctx.asend(self._sealer.seal(REPLY, body))
+        finally:
+            ctx.close()
+
+
+class ControlClient:
+    """Calls one peer. Safe to share between tasks: each call gets its own nng context."""
+
+    def __init__(self, me: str, peer: str, address: str, sealer: Sealer, opener: Opener, *, max_bytes: int,
+                 rejects: RejectLog):
+        self.me, self.peer, self.address = me, peer, address
+        self._sealer, self._opener, self.rejects = sealer, opener, rejects
+        self._sock = pynng.Req0(recv_max_size=max_bytes, resend_time=_NO_RESEND_MS)
+        self._sock.dial(address, block=False)  # connects (and reconnects) in the background
+
+    async def call(self, record: Record, deadline_s: float | None) -> Record:
+        """Send ``record``, return the peer's reply record. ``deadline_s=None``: wait as long as it takes."""
+        op = record.kind
+        msg_id = os.urandom(8)
+        frame = self._sealer.seal(REQUEST, pack_envelope(self.me, self.peer, record, msg_id))
+        ctx = self._sock.new_context()
+        try:
+            limit = math.inf if deadline_s is None else deadline_s
+            with trio.move_on_after(limit):
+                await ctx.asend(frame)
+                reply = await ctx.arecv()
+                try:
+                    env = unpack_envelope(self._opener.open(REPLY, reply))
+                    if env.reply_to != msg_id or env.dest != self.me or env.sender != self.peer:
+                        raise AuthError("mismatched_reply", f"reply to another request or from {env.sender!r}")
+                    return env.record()
+                except AuthError as exc:
+                    self.rejects.note(exc, self.peer)
+                    return ErrorReply(error="ReplyRejected", detail=f"reply from {self.peer!r} rejected: {exc}")
+            raise DeadlineExceeded(self.peer, op, limit)
+        finally:
+            ctx.close()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class BulkInbox:
+    """Receives bulk messages addressed to ``name`` and hands them to ``handle`` one at a time, in order."""
+
+    def __init__(self, name: str, address: str, opener: Opener, *, max_bytes: int, rejects: RejectLog):
+        self.name, self.address = name, address
+        self._opener, self._max_bytes, self.rejects = opener, max_bytes, rejects
+
+    async def serve(self, handle: BulkHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        sock = pynng.Pull0(recv_max_size=self._max_bytes)
+        _listen(sock, self.address, f"actor {self.name!r} bulk")
+        try:
+            task_status.started()
+            while True:
+                frame = await sock.arecv()
+                try:
+                    env = unpack_envelope(self._opener.open(BULK, frame))
+                    if env.dest != self.name:
+                        raise AuthError("misaddressed", f"for {env.dest!r}, this is {self.name!r}")
+                except AuthError as exc:
+                    self.rejects.note(exc)
+                    continue
+                del frame
+                await handle(env)
+        finally:
+            sock.close()
+
+
+class BulkOutbox:
+    """Pushes bulk messages to one peer's inbox; a push waits until nng has taken the message."""
+
+    def __init__(self, me: str, peer: str, address: str, sealer: Sealer):
+        self.me, self.peer, self.address = me, peer, address
+        self._sealer = sealer
+        self._sock = pynng.Push0()
+        self._sock.dial(address, block=False)
+
+    async def push(self, record: Record) -> None:
+        body = pack_envelope(self.me, self.peer, record, os.urandom(8))
+        await self._sock.asend(self._sealer.seal(BULK, body))
+
+    def close(self) -> None:
+        self._sock.close()

@@ -1,0 +1,125 @@
+"""The sampler actor: serves the behaviour policy over the runtime and logs every turn it samples.
+
+- ``GenerateRequest`` -> ``GenerateReply`` (output ids, logprobs at the request's temperature, routing
+  of every fed position, the policy version used, finish reason), and a ``SamplerTurn`` event in the log.
+- ``Cancel`` for a trial ends its generation at the next token: the reply (and the event) carry what
+  was sampled so far with ``finish_reason='cancelled'``, so a partial rollout is never lost.
+- ``PolicyUpdate`` loads a published version (checksum verified) between generations; the backend
+  never mixes two versions inside one generation.
+
+Config: the run's ``[sampler]`` section (``SamplerConfig``: backend torch/sglang, default temperature,
+top-p, dtype, batching) and ``[model]``; options of the ``[[actors]]`` entry: ``SamplerOptions``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import torch
+import trio
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas import Ack, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn
+
+from .backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend
+from .policy import ModelConfig, MoEPolicy
+from .policy.sampling import Generation, SamplingParams
+from .runtime.actor import Actor, handles
+
+_CANCEL_POLL_S = 0.01
+
+
+class SamplerOptions(BaseModel):
+    """``[[actors]] options`` of a sampler: where its first policy comes from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy_path: str | None = None  # a saved policy (HF Qwen3-MoE dir); None: fresh weights from [model] and seed
+    initial_version: int = Field(0, ge=0)
+    seed: int = 0
+    ready_timeout_s: float = Field(300.0, gt=0)  # how long a request waits for the backend to come up
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class SamplerActor(Actor):
+    role = "sampler"
+    Options = SamplerOptions
+
+    async def setup(self) -> None:
+        self.sampler_config: SamplerConfig = self.config.section("sampler")
+        self.model_config: ModelConfig = self.config.section("model")
+        self.backend: SamplerBackend | None = None
+        self._ready = trio.Event()
+        self._turns = 0
+
+    async def run(self) -> None:
+        """Hold the backend open for the actor's life (the torch engine task lives in here)."""
+        policy = None
+        if self.sampler_config.backend == "torch" and self.options.policy_path is None:
+            torch.manual_seed(self.options.seed)
+            policy = MoEPolicy(self.model_config)
+        async with open_sampler_backend(self.sampler_config, policy=policy, policy_path=self.options.policy_path,
+                                        model=self.model_config, version=self.options.initial_version) as backend:
+            self.backend = backend
+            self._ready.set()
+            self.logger.info("sampler_ready", backend=self.sampler_config.backend, policy_version=backend.version)
+            await self.ctx.shutdown.wait()
+
+    def status(self) -> dict[str, float]:
+        return {"policy_version": float(self.backend.version if self.backend else -1), "turns": float(self._turns)}
+
+    async def _backend(self) -> SamplerBackend:
+        with trio.fail_after(self.options.ready_timeout_s):
+            await self._ready.wait()
+        assert self.backend is not None
+        return self.backend
+
+    @handles(GenerateRequest, graceful_cancel=True)
+    async def generate(self, request: GenerateRequest) -> GenerateReply:
+        backend = await self._backend()
+        request_id = f"{request.trial_id}/{request.turn}"
+        params = SamplingParams(max_new_tokens=request.max_new_tokens, temperature=request.temperature,
+                                top_p=request.top_p, stop_ids=tuple(request.stop_ids), seed=request.seed)
+        generation: Generation | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._cancel_when_asked, backend, request.trial_id, request_id)
+            [generation] = await backend.generate([GenerateSpec(request_id, request.input_ids.tolist(), params)])
+            nursery.cancel_scope.cancel()
+        self._turns += 1
+        await self.log(SamplerTurn(
+            trial_id=request.trial_id, turn=request.turn, prompt_ids=request.input_ids.astype(np.int32),
+            sampled_ids=generation.output_ids, sampler_logprobs=generation.logprobs, routing=generation.routing,
+            policy_version=generation.policy_version, finish_reason=generation.finish_reason,
+            temperature=request.temperature, top_p=request.top_p, sampler_id=self.name))
+        return GenerateReply(trial_id=request.trial_id, turn=request.turn, output_ids=generation.output_ids,
+                             logprobs=generation.logprobs, routing=generation.routing,
+                             policy_version=generation.policy_version, finish_reason=generation.finish_reason)
+
+    async def _cancel_when_asked(self, backend: SamplerBackend, trial_id: str, request_id: str) -> None:
+        while not self.cancel_requested(trial_id):
+            await trio.sleep(_CANCEL_POLL_S)
+        await backend.cancel(request_id)
+
+    @handles(PolicyUpdate)
+    async def policy_update(self, update: PolicyUpdate) -> Ack:
+        backend = await self._backend()
+        if update.version <= backend.version:
+            return Ack(detail=f"already at version {backend.version}")
+        if self.sampler_config.backend == "torch":  # a remote SGLang host checks its own disk
+            weights = Path(update.location) / "model.safetensors"
+            digest = await trio.to_thread.run_sync(_sha256, weights)
+            if update.sha256 and digest != update.sha256:
+                raise ValueError(f"policy version {update.version} at {weights}: sha256 {digest[:12]}... "
+                                 f"!= published {update.sha256[:12]}...; the file is corrupt or still being written")
+        await backend.load_weights(update.location, update.version)
+        self.logger.info("policy_loaded", policy_version=update.version, location=update.location)
+        return Ack(detail=f"loaded version {update.version}")

@@ -1,0 +1,94 @@
+"""The sampler actor over the real runtime (pynng, HMAC) and event log: generate, cancel, policy update."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+import trio
+
+pytest.importorskip("t1_actors.runtime.host")
+
+from schemas import Cancel, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn  # noqa: E402
+from t1_actors.config import parse_config  # noqa: E402
+from t1_actors.policy import ModelConfig, MoEPolicy  # noqa: E402
+from t1_actors.runtime.errors import RemoteError  # noqa: E402
+from t1_actors.runtime.host import serve_actor  # noqa: E402
+from t1_actors.runtime.peers import connect  # noqa: E402
+from t1_actors.sampler import SamplerActor  # noqa: E402
+
+torch.set_num_threads(1)
+
+MODEL = dict(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+             num_experts=8, top_k=2, moe_intermediate_size=16)
+
+
+def trio_test(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return trio.run(functools.partial(fn, *args, **kwargs))
+    return run
+
+
+def _config(tmp_path):
+    return parse_config({
+        "run": {"id": "sampler-test", "dir": str(tmp_path / "run"), "hmac_key": "k" * 32},
+        "model": MODEL,
+        "sampler": {"batch_window_s": 0.001},
+        "actors": [{"name": "sampler-0", "role": "sampler", "actor_class": "t1_actors.sampler:SamplerActor",
+                    "options": {"seed": 3}}],
+    })
+
+
+def _request(trial: str, n: int, seed: int = 0) -> GenerateRequest:
+    return GenerateRequest(trial_id=trial, turn=0, input_ids=np.arange(1, 9, dtype=np.int32), max_new_tokens=n,
+                           temperature=1.0, top_p=1.0, seed=seed)
+
+
+@trio_test
+async def test_generate_cancel_and_policy_update_over_the_runtime(tmp_path):
+    config = _config(tmp_path)
+    new_policy = MoEPolicy(ModelConfig(**MODEL))
+    new_policy.save(tmp_path / "v1")
+    sha = hashlib.sha256((tmp_path / "v1" / "model.safetensors").read_bytes()).hexdigest()
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_actor, SamplerActor, config, "sampler-0")
+            async with connect(config, "test") as peers:
+                sampler = peers("sampler")
+                reply = await sampler.call(_request("t-1", 12), deadline_s=60)
+                assert isinstance(reply, GenerateReply) and len(reply.output_ids) == 12
+                assert reply.routing.shape == (8 + 12 - 1, 2, 2) and reply.policy_version == 0
+
+                cancelled = {}
+
+                async def long_one() -> None:
+                    cancelled["reply"] = await sampler.call(_request("t-2", 100000), deadline_s=60)
+
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(long_one)
+                    await trio.sleep(0.3)  # let it generate a little
+                    await sampler.call(Cancel(trial_id="t-2", reason="test"), deadline_s=10)
+                partial = cancelled["reply"]
+                assert partial.finish_reason == "cancelled" and len(partial.output_ids) < 100000
+
+                with pytest.raises(RemoteError, match="sha256"):
+                    await sampler.call(PolicyUpdate(version=1, location=str(tmp_path / "v1"), sha256="0" * 64),
+                                       deadline_s=30)
+                await sampler.call(PolicyUpdate(version=1, location=str(tmp_path / "v1"), sha256=sha), deadline_s=30)
+                after = await sampler.call(_request("t-3", 5), deadline_s=60)
+                assert after.policy_version == 1
+            nursery.cancel_scope.cancel()
+
+    import storage
+    log = storage.EventLog.open(config.run.dir / "log")
+    turns = {e.trial_id: e for _, e in log.events(kinds=["sampler_turn"])}
+    assert set(turns) == {"t-1", "t-2", "t-3"}
+    first = turns["t-1"]
+    assert isinstance(first, SamplerTurn) and first.sampler_id == "sampler-0"
+    assert np.array_equal(first.sampled_ids, reply.output_ids) and np.array_equal(first.routing, reply.routing)
+    np.testing.assert_array_equal(first.sampler_logprobs, reply.logprobs)
+    assert turns["t-2"].finish_reason == "cancelled" and turns["t-3"].policy_version == 1

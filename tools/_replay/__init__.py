@@ -1,0 +1,1 @@
+"""Private parts of `t1-replay`: the run view, drift, alignment, state fold, trial view."""
