@@ -89,6 +89,20 @@ def raw_replay(events, directory: Path) -> float:
     return elapsed
 
 
+def chunk_file_append(events, directory: Path, chunk_bytes: int) -> float:
+    """The ceiling of any one-file-per-chunk store (zarr's LocalStore layout): the same bytes as
+    ``chunk_bytes`` files, each written to a temp name and renamed, no codec, no zarr."""
+    directory.mkdir(parents=True)
+    start = time.perf_counter()
+    for f in FIELDS:
+        stream = np.concatenate([getattr(e, f).reshape(-1).view(np.uint8) for e in events])
+        for i, lo in enumerate(range(0, len(stream), chunk_bytes)):
+            tmp = directory / f"{f}.{i}.partial"
+            stream[lo:lo + chunk_bytes].tofile(tmp)
+            tmp.replace(directory / f"{f}.{i}")
+    return time.perf_counter() - start
+
+
 def log_append(events, directory: Path, commit_every: int, config: StorageConfig) -> float:
     log = EventLog.open(directory, create=True, config=config)
     start = time.perf_counter()
@@ -115,7 +129,7 @@ def du(path: Path) -> int:
 
 def measure(events, base: Path, rounds: int, commit_every: int, config: StorageConfig) -> dict:
     nbytes = sum(payload_bytes(e) for e in events)
-    times = {"raw_append": [], "log_append": [], "raw_replay": [], "log_replay": []}
+    times = {"raw_append": [], "log_append": [], "raw_replay": [], "log_replay": [], "chunk_files_append": []}
     routing_disk = 0
     for r in range(rounds):
         raw_dir, log_dir = base / f"raw{r}", base / f"log{r}"
@@ -132,6 +146,8 @@ def measure(events, base: Path, rounds: int, commit_every: int, config: StorageC
                 times["log_replay"].append(log_replay(events, d, config))
         routing_disk = du(log_dir / "segments" / "bench" / "routing")
         shutil.rmtree(raw_dir), shutil.rmtree(log_dir)
+        times["chunk_files_append"].append(chunk_file_append(events, base / f"chunks{r}", config.routing_chunk_bytes))
+        shutil.rmtree(base / f"chunks{r}")
     mbps = {k: nbytes / statistics.median(v) / 1e6 for k, v in times.items()}
     tokens = TOKENS * len(events)
     return {
@@ -139,6 +155,7 @@ def measure(events, base: Path, rounds: int, commit_every: int, config: StorageC
         "replay_ratio": round(mbps["log_replay"] / mbps["raw_replay"], 3),
         "log_append_MBps": round(mbps["log_append"]), "raw_append_MBps": round(mbps["raw_append"]),
         "log_replay_MBps": round(mbps["log_replay"]), "raw_replay_MBps": round(mbps["raw_replay"]),
+        "chunk_files_append_ratio": round(mbps["chunk_files_append"] / mbps["raw_append"], 3),
         "routing_bytes_per_token_raw": LAYERS * TOP_K * events[0].routing.itemsize,
         "routing_bytes_per_token_disk": round(routing_disk / tokens, 1),
         "payload_MB": round(nbytes / 1e6, 1),

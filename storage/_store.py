@@ -58,15 +58,16 @@ def put(store: Store, key: str, data: bytes) -> None:
     sync(store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
 
 
-def write_chunks(array: zarr.Array, first_row: int, block, chunk_rows: int) -> None:
-    """Write whole chunks starting at a chunk-aligned row, each as its own exact-chunk write: zarr
-    then encodes the given rows as they are (a multi-chunk write would first copy every chunk into a
-    fill-value buffer) and the chunks are encoded and stored concurrently."""
-    target = array.async_array
+def write_chunks(writes: list[tuple[zarr.Array, int, Any]]) -> None:
+    """Write whole chunks ``(array, first row, rows of exactly one chunk)``, all concurrently in one
+    round trip. Each is an exact-chunk write, so zarr encodes the given rows as they are (a
+    multi-chunk write would first copy every chunk into a fill-value buffer)."""
+    if not writes:
+        return
+
     async def write_all():
-        await asyncio.gather(*(
-            target.setitem(slice(first_row + lo, first_row + lo + chunk_rows), block[lo:lo + chunk_rows])
-            for lo in range(0, len(block), chunk_rows)))
+        await asyncio.gather(*(array.async_array.setitem(slice(row, row + len(rows)), rows)
+                               for array, row, rows in writes))
     sync(write_all())
 
 

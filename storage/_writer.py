@@ -29,6 +29,7 @@ class _Stream:
         self.chunk_rows = array.chunks[0]
         self.start = (end // self.chunk_rows) * self.chunk_rows
         self.end = end
+        self.stored = end  # rows already in the store (as of the last commit or chunk write)
         self.pieces: list[np.ndarray] = [held] if len(held) else []
         self.crcs: dict[int, int] = {}  # chunk -> crc of rows written since the last commit
 
@@ -43,35 +44,39 @@ class _Stream:
             self.pieces = [np.concatenate(self.pieces)] if self.pieces else []
         return self.pieces[0] if self.pieces else np.empty((0, *self.array.shape[1:]), self.array.dtype)
 
-    def write_full_chunks(self) -> None:
+    def full_chunks(self) -> list[tuple[zarr.Array, int, np.ndarray]]:
+        """Take every whole chunk held (as writes for ``_store.write_chunks``) and record its crc."""
         full = (self.end - self.start) // self.chunk_rows * self.chunk_rows
         if full == 0:
-            return
+            return []
         held = self._held()
-        block = held[:full]
-        _store.write_chunks(self.array, self.start, block, self.chunk_rows)
-        first = self.start // self.chunk_rows
-        for i in range(full // self.chunk_rows):
-            self.crcs[first + i] = crc32(block[i * self.chunk_rows:(i + 1) * self.chunk_rows])
+        writes = []
+        for lo in range(0, full, self.chunk_rows):
+            rows = held[lo:lo + self.chunk_rows]
+            self.crcs[(self.start + lo) // self.chunk_rows] = crc32(rows)
+            writes.append((self.array, self.start + lo, rows))
         rest = held[full:]
-        self.pieces = [rest.copy()] if len(rest) else []  # copy: let the big block go
+        self.pieces = [rest.copy()] if len(rest) else []  # copy: the written block may go once stored
         self.start += full
+        self.stored = max(self.stored, self.start)
+        return writes
+
+    def tail_chunk(self) -> list[tuple[zarr.Array, int, np.ndarray]]:
+        """The partial last chunk padded to a whole chunk, if it has rows not yet stored (a commit
+        rewrites it as it fills; the committed rows in it never change)."""
+        if self.end in (self.start, self.stored):
+            return []
+        held = self._held()
+        padded = np.zeros((self.chunk_rows, *held.shape[1:]), held.dtype)
+        padded[:len(held)] = held
+        self.crcs[self.start // self.chunk_rows] = crc32(held)
+        self.stored = self.end
+        return [(self.array, self.start, padded)]
 
     def written_keys(self) -> list[str]:
         """Store keys of the chunks written since the last commit."""
         tail = (0,) * (self.array.ndim - 1)
         return [f"{self.array.path}/{self.array.metadata.encode_chunk_key((c, *tail))}" for c in self.crcs]
-
-    def write_tail(self) -> None:
-        """Write the partial last chunk, padded to a whole chunk (it is rewritten as it fills)."""
-        self.write_full_chunks()
-        if self.end == self.start:
-            return
-        held = self._held()
-        padded = np.zeros((self.chunk_rows, *held.shape[1:]), held.dtype)
-        padded[:len(held)] = held
-        _store.write_chunks(self.array, self.start, padded, self.chunk_rows)
-        self.crcs[self.start // self.chunk_rows] = crc32(held)
 
 
 class SegmentWriter:
@@ -157,8 +162,7 @@ class SegmentWriter:
                 self._stream(HEADERS, np.dtype(np.uint8), ()).add(header_bytes)
                 self._pending_headers.append(self._streams[HEADERS].end)
                 self._next_event += 1
-                for stream in self._streams.values():
-                    stream.write_full_chunks()
+                _store.write_chunks([w for stream in self._streams.values() for w in stream.full_chunks()])
             except BaseException as exc:
                 self._broken = f"{type(exc).__name__}: {exc}"
                 raise
@@ -221,8 +225,8 @@ class SegmentWriter:
             if not self._pending_headers:
                 return 0
             try:
-                for stream in self._streams.values():
-                    stream.write_tail()
+                _store.write_chunks([w for stream in self._streams.values()
+                                     for w in stream.full_chunks() + stream.tail_chunk()])
                 self._fsync.files([key for stream in self._streams.values() for key in stream.written_keys()])
                 record = Commit(
                     seq=self._next_commit, first_event=self._next_event - len(self._pending_headers),

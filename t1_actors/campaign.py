@@ -148,3 +148,203 @@ def write_summary(run_dir: Path, *, eval_before, eval_after, actors: list[str], 
 
 def stamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+QUICK_KEY = "quick"  # [quick.*] tables of the config: overrides applied by --quick
+
+
+def load_campaign_config(path: str | Path, *, quick: bool = False, run_dir: str | Path | None = None):
+    """Read the run's TOML, apply the ``[quick.*]`` overrides with ``--quick`` and ``--run-dir``, validate."""
+    import tomllib
+
+    from .config import ConfigError, parse_config
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    overrides = data.pop(QUICK_KEY, {})
+    if quick:
+        data = _deep_merge(data, overrides)
+    if run_dir is not None:
+        data.setdefault("run", {})["dir"] = str(run_dir)
+    return parse_config(data, str(path))
+
+
+def _deep_merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _with_policy(config, location: str):
+    """The config with every sampler starting from the SFT checkpoint (version 0)."""
+    actors = []
+    for spec in config.actors:
+        if spec.role == "sampler":
+            spec = spec.model_copy(update={"options": {**spec.options, "policy_path": location}})
+        actors.append(spec)
+    data = config.to_jsonable()
+    data["actors"] = [a.model_dump(mode="json") for a in actors]
+    if config.run.hmac_key is not None:
+        data["run"]["hmac_key"] = config.run.hmac_key.get_secret_value()
+    from .config import parse_config
+    return parse_config(data, "campaign")
+
+
+def run_campaign(config, *, console=None) -> dict[str, Any]:
+    """Run every phase; returns the summary (also written to RUN/summary.json)."""
+    import trio
+    from rich.console import Console
+
+    from storage import EventLog
+
+    from .tasks import build_task_sets
+
+    console = console or Console(stderr=True)
+    campaign: CampaignConfig = config.section("campaign")
+    run_dir = Path(config.run.dir)
+    if (log_path(run_dir)).exists():
+        raise FileExistsError(f"{run_dir} already holds a run's log; pass --run-dir NEW_DIR (nothing was touched)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+
+    with console.status("[bold]1/5 task corpus[/]"):
+        tasks = build_task_sets(config.section("tasks"))
+    console.log(f"corpus: {len(tasks.train)} train / {len(tasks.eval)} eval tasks")
+    with console.status("[bold]2/5 tokenizer[/]"):
+        tokenizer = train_run_tokenizer(run_dir, tasks.train, campaign.tokenizer_vocab)
+    console.log(f"tokenizer: {tokenizer.get_vocab_size()} ids -> {tokenizer_path(run_dir)}")
+    timings["prepare_s"] = time.monotonic() - started
+
+    sft_start = time.monotonic()
+    policy, sft = _sft_with_progress(run_dir, config, tasks, tokenizer, campaign)
+    timings["sft_s"] = time.monotonic() - sft_start
+    console.log(f"SFT: {sft['steps']} steps on {sft['distinct_examples']} executed oracle chats, "
+                f"loss {sft['final_loss']:.3f}, {sft['tokens_per_s']:.0f} tok/s")
+    published = publish_initial_policy(run_dir, policy)
+    log = EventLog.open(log_path(run_dir), create=True)
+    model = config.section("model")
+    with log.writer("campaign", routing_shape=(model.num_layers, model.top_k), num_experts=model.num_experts) as w:
+        w.append(published)
+        w.commit()
+    del policy
+
+    run_config = _with_policy(config, published.location)
+    rl_start = time.monotonic()
+    trio.run(_run_actors, run_config, campaign, console)
+    timings["actors_s"] = time.monotonic() - rl_start
+    timings["total_s"] = time.monotonic() - started
+    return summarise(run_dir, run_config, sft=sft, timings=timings, console=console)
+
+
+def _sft_with_progress(run_dir, config, tasks, tokenizer, campaign):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("[bold]3/5 SFT warm start"), BarColumn(), TextColumn("{task.fields[info]}"),
+                  TimeRemainingColumn(), transient=False) as bar:
+        job = bar.add_task("sft", total=campaign.sft_seconds, info="")
+        start = time.monotonic()
+
+        def progress(step: int, loss: float) -> None:
+            bar.update(job, completed=min(time.monotonic() - start, campaign.sft_seconds),
+                       info=f"step {step} loss {loss:.3f}")
+
+        return warm_start(run_dir, config, tasks, tokenizer, progress=progress)
+
+
+async def _run_actors(config, campaign: CampaignConfig, console) -> None:
+    """Phase 4: the six actors under the supervisor until the staleness controller's final eval is logged."""
+    import trio
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from storage import EventLog
+
+    from .runtime.supervisor import Supervisor
+
+    log = EventLog.open(log_path(Path(config.run.dir)))
+    budget = campaign.rl_seconds + campaign.finish_timeout_s + 2 * campaign.actor_ready_timeout_s + 600
+    async with trio.open_nursery() as nursery:
+        supervisor = Supervisor(config)
+        with trio.fail_after(campaign.actor_ready_timeout_s * 3):
+            await nursery.start(supervisor.run)
+        console.log(f"actors up: {', '.join(sorted(supervisor.actors))}")
+        try:
+            with Progress(TextColumn("[bold]4/5 {task.fields[phase]}"), BarColumn(),
+                          TextColumn("{task.fields[info]}")) as bar:
+                job = bar.add_task("actors", total=None, phase="eval before", info="")
+                with trio.fail_after(budget):
+                    await _follow(log, bar, job)
+        finally:
+            with trio.CancelScope(shield=True):
+                await supervisor.shutdown("campaign finished")
+            nursery.cancel_scope.cancel()
+
+
+async def _follow(log, bar, job) -> None:
+    """Show the campaign's progress from the log until the final eval appears."""
+    import trio
+
+    from schemas import EvalResult, LearnerStep, StalenessDecision, VerifierResult
+
+    cursor = log.cursor(kinds=["eval_result", "learner_step", "staleness_decision", "verifier_result",
+                               "critic_warmup"])
+    verified = admitted = 0
+    phase, info = "eval before", ""
+    while True:
+        for _, event in await cursor.apoll():
+            if isinstance(event, VerifierResult):
+                verified += 1
+            elif isinstance(event, StalenessDecision) and event.decision == "admit":
+                admitted += 1
+                phase = "asynchronous PPO"
+            elif isinstance(event, LearnerStep):
+                m = event.metrics
+                info = (f"step {event.step} v{event.policy_version} loss {m.get('policy_loss', float('nan')):.3f} "
+                        f"EV {m.get('explained_variance', float('nan')):.2f}")
+            elif isinstance(event, EvalResult):
+                bar.console.log(f"eval {event.label}: {event.resolved}/{event.n} resolved "
+                                f"({event.resolved / max(event.n, 1):.1%}, CI {event.ci_low:.1%}-{event.ci_high:.1%}), "
+                                f"mean reward {event.mean_reward:.3f}")
+                if event.label == "after":
+                    return
+                phase = "warm-up + PPO"
+            elif event.kind == "critic_warmup":
+                bar.console.log(f"critic warm-up: EV {event.explained_variance_before:.2f} -> "
+                                f"{event.explained_variance_after:.2f} on {event.trajectories} trajectories")
+        bar.update(job, phase=phase, info=f"{verified} trials verified, {admitted} admitted {info}")
+        await trio.sleep(0.5)
+
+
+def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console) -> dict[str, Any]:
+    """Phase 5: summary.json and the plots, both from the log alone."""
+    from schemas import EvalResult
+    from storage import EventLog
+
+    log = EventLog.open(log_path(run_dir))
+    evals = {e.label: e for _, e in log.events(kinds=["eval_result"]) if isinstance(e, EvalResult)}
+    counts = log.counts()
+    roles = sorted({spec.role for spec in config.actors})
+    report: dict[str, Any] = {}
+    try:
+        from tools.report import write_report
+
+        report = write_report(run_dir)
+    except Exception as exc:  # plots must never cost the run its summary
+        console.log(f"[yellow]plots failed: {exc!r}")
+    summary = write_summary(run_dir, eval_before=evals.get("before"), eval_after=evals.get("after"), actors=roles,
+                            counts=counts, extra={"sft": sft, "timings_s": {k: round(v, 1) for k, v in timings.items()},
+                                                  "report": report})
+    before, after = summary["eval_before"], summary["eval_after"]
+    if before and after:
+        console.log(f"[bold]eval resolved: {before['resolved_rate']:.1%} -> {after['resolved_rate']:.1%} "
+                    f"(n={after['n']}); mean reward {before['mean_reward']:.3f} -> {after['mean_reward']:.3f}")
+    console.log(f"summary: {run_dir / 'summary.json'}")
+    return summary

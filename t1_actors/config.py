@@ -28,7 +28,6 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 
@@ -174,12 +173,18 @@ class RunConfig(BaseModel):
                 raise ValueError(f"duplicate actor name {spec.name!r}; every [[actors]] entry needs its own name")
             names.add(spec.name)
         seen: dict[str, str] = {}
-        for owner, address in self._all_addresses():
+
+        def claim(owner: str, address: str) -> None:
             check_address(address, owner)
             key = _address_key(address)
             if key in seen:
                 raise ValueError(f"duplicate address {address!r}: used by {seen[key]} and {owner}")
             seen[key] = owner
+
+        claim("the supervisor", self.supervisor_address)
+        for spec in self.actors:
+            claim(f"actor {spec.name!r}", self.control_address(spec))
+            claim(f"actor {spec.name!r} (bulk)", self.bulk_address(spec))
         extras = self.__pydantic_extra__ or {}
         for name, raw in extras.items():
             model = section_model(name)
@@ -188,13 +193,6 @@ class RunConfig(BaseModel):
             except ValidationError as exc:
                 raise ValueError(f"[{name}] {_explain(exc)}") from None
         return self
-
-    def _all_addresses(self) -> list[tuple[str, str]]:
-        pairs = [("the supervisor", self.supervisor_address)]
-        for spec in self.actors:
-            pairs.append((f"actor {spec.name!r}", self.control_address(spec)))
-            pairs.append((f"actor {spec.name!r} (bulk)", self.bulk_address(spec)))
-        return pairs
 
     # ---- derived values -------------------------------------------------------------------------
     @property
@@ -214,10 +212,10 @@ class RunConfig(BaseModel):
         address = self.control_address(spec)
         if address.startswith("ipc://"):
             return address + ".bulk"
-        parsed = urlparse(address)
-        if parsed.port is None:
-            raise ValueError(f"actor {spec.name!r}: tcp address {address!r} needs a port")
-        return address.rsplit(":", 1)[0] + f":{parsed.port + 1}"
+        host, _, port = address.rpartition(":")
+        if not port.isdigit():
+            raise ValueError(f"actor {spec.name!r}: tcp address {address!r} needs a port (tcp://HOST:PORT)")
+        return f"{host}:{int(port) + 1}"
 
     def actor(self, name: str) -> ActorSpec:
         for spec in self.actors:

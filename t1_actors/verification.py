@@ -46,11 +46,13 @@ from schemas import VerifierResult
 
 from .backends._sandbox.interface import SandboxInfraError
 from .backends.local_sandbox import TrialRoot
+from .config import section
 from .ppo import REWARD_SCALE, reward
 
 if TYPE_CHECKING:
     from .tasks.model import Task
 
+@section("verifier")
 class VerifierConfig(BaseModel):
     """The ``[verifier]`` section of the run config."""
 

@@ -112,3 +112,15 @@ def test_corrupted_log_is_named(tmp_path, sources, capsys):
     target.write_bytes(bytes(data))
     assert main(["verifiers", str(run), "--tasks", str(sources)]) == 2
     assert "segment 'verifier-0'" in capsys.readouterr().err
+
+
+def test_synthetic_corpus_from_the_run_config(tmp_path, capsys):
+    from t1_actors.tasks import generate
+
+    task = generate("train", 1, seed=7)[0]
+    sha = sha_of_tests(task.tests.files)
+    run = make_run(tmp_path / "run", [result("t0", task.id, sha)])
+    (run / "config.toml").write_text("[tasks]\nseed = 7\ntrain_size = 3\neval_size = 1\n")
+    assert main(["verifiers", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["checksums_checked"] == 1 and out["task_sources"] == [f"{run / 'config.toml'} [tasks]"]

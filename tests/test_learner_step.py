@@ -149,7 +149,7 @@ def test_restarted_learner_resumes_exactly_from_its_checkpoint(tmp_path):
     expected = learner.step(second)
 
     other = tiny_policy(seed=99)  # a fresh process: different weights until it loads the checkpoint
-    restarted = TorchLearner(other, cfg, critic=TorchCritic.for_policy(other, cfg))
+    restarted = TorchLearner(other, cfg, critic=TorchCritic.for_policy(other, cfg, seed=5), seed=7)
     assert restarted.load_checkpoint(tmp_path / "ckpt.pt") == b"\x00log-position-17\xff"
     resumed = restarted.step(second)
     assert torch.equal(flat_params(other), flat_params(policy))
@@ -164,10 +164,10 @@ def test_bad_inputs_get_clear_errors():
     bare = trajectories[0].model_copy(update={"routing": None})
     with pytest.raises(ValueError, match="no routing record"):
         batch_of([bare, trajectories[1]])
+    only_first = CriticValues(trial_id="trial-0-0", chunk=0, critic_version=0,
+                              values=np.zeros(len(trajectories[0].token_ids), np.float32))
     with pytest.raises(ValueError, match="no CriticValues for trajectory trial-0-1"):
-        batch_of(trajectories, {("trial-0-0", 0): CriticValues(trial_id="trial-0-0", chunk=0,
-                                                                  values=np.zeros(len(trajectories[0].token_ids), np.float32),
-                                                                  critic_version=0)})
+        batch_of(trajectories, {("trial-0-0", 0): only_first})
     with pytest.raises(ValueError, match="MoE layers"):
         collate(trajectories, None, num_layers=3, top_k=K)
     learner = TorchLearner(policy, PPOConfig())

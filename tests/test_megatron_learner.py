@@ -93,3 +93,22 @@ def test_megatron_publishes_a_policy_the_samplers_load(megatron, tmp_path):
     expected = learner.to_policy().state_dict()
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in expected.items())
     assert published.version == 1 and len(published.sha256) == 64
+
+
+def test_megatron_learner_resumes_exactly_from_its_checkpoint(megatron, tmp_path):
+    policy = tiny_policy()
+    cfg = PPOConfig(minibatches=2)
+    first, second = batch_for(policy, seed=1), batch_for(policy, seed=2)
+    learner = megatron.MegatronLearner(TINY, cfg)
+    learner.load_policy(policy)
+    learner.step(first)
+    learner.save_checkpoint(tmp_path / "ckpt.pt", cursor=b"cursor-7")
+    expected = learner.step(second)
+    restarted = megatron.MegatronLearner(TINY, cfg, seed=5)
+    assert restarted.load_checkpoint(tmp_path / "ckpt.pt") == b"cursor-7"
+    resumed = restarted.step(second)
+    assert resumed.policy_version == expected.policy_version == 2
+    assert resumed.metrics["policy_loss"] == expected.metrics["policy_loss"]
+    for (name, a), b in zip(learner.model.state_dict().items(), restarted.model.state_dict().values()):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), name

@@ -140,3 +140,65 @@ def test_bad_prompts_are_refused(model):
         generate(model, [[]], SamplingParams())
     with pytest.raises(ValueError, match="outside"):
         generate(model, [[5000]], SamplingParams())
+
+
+def test_padding_left_by_a_finished_long_prompt_is_trimmed(model):
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(0, 128, size=100).tolist(), rng.integers(0, 128, size=5).tolist(),
+               rng.integers(0, 128, size=6).tolist()]
+    params = [SamplingParams(max_new_tokens=n, seed=i) for i, n in enumerate((1, 12, 12))]
+    batcher = ContinuousBatcher(model, max_batch=3)
+    keys = [batcher.add(p, sp) for p, sp in zip(prompts, params)]
+    results = dict(batcher.step())  # prefill; the long prompt is done after its first token
+    assert keys[0] in results and batcher._cache.length < 20  # its padding columns are gone
+    while batcher.busy:
+        results.update(batcher.step())
+    for key, prompt, sp in zip(keys, prompts, params):
+        solo = generate(model, [prompt], sp)[0]
+        assert np.array_equal(results[key].output_ids, solo.output_ids)
+        assert np.array_equal(results[key].routing, solo.routing)
+
+
+def _run(batcher: ContinuousBatcher, items) -> dict:
+    keys = [batcher.add(p, sp, session=session) for p, sp, session in items]
+    results = {}
+    while batcher.busy:
+        results.update(batcher.step())
+    return [results[k] for k in keys]
+
+
+def test_a_sessions_next_turn_reuses_its_kept_prefix(model):
+    rng = np.random.default_rng(9)
+    first_prompts = [rng.integers(0, 128, size=n).tolist() for n in (20, 9)]
+    params = [SamplingParams(max_new_tokens=6, seed=s) for s in (1, 2)]
+    cached = ContinuousBatcher(model, prefix_cache_tokens=10_000)
+    first = _run(cached, [(p, sp, f"trial-{i}") for i, (p, sp) in enumerate(zip(first_prompts, params))])
+    assert len(cached.prefix_cache) == 2
+    # turn 2: the whole conversation so far plus a tool response; a fresh session joins the same admission
+    second_prompts = [p + g.output_ids.tolist() + rng.integers(0, 128, size=5).tolist()
+                      for p, g in zip(first_prompts, first)]
+    newcomer = rng.integers(0, 128, size=12).tolist()
+    items = [(second_prompts[0], params[0], "trial-0"), (newcomer, params[1], "trial-9"),
+             (second_prompts[1], params[1], "trial-1")]
+    reused = _run(cached, items)
+    assert cached.reused_tokens == sum(len(p) + len(g.output_ids) - 1 for p, g in zip(first_prompts, first))
+    fresh = _run(ContinuousBatcher(model), items)
+    for a, b, (prompt, _, _) in zip(reused, fresh, items):
+        assert np.array_equal(a.output_ids, b.output_ids)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
+        assert a.routing.shape == (len(prompt) + len(a.output_ids) - 1, CONFIG.num_layers, CONFIG.top_k)
+        assert np.array_equal(a.routing, b.routing)
+
+
+def test_prefix_cache_is_dropped_on_divergence_and_on_a_new_policy(model):
+    batcher = ContinuousBatcher(model, prefix_cache_tokens=10_000)
+    prompt = list(range(1, 15))
+    [g] = _run(batcher, [(prompt, SamplingParams(max_new_tokens=3, seed=0), "t")])
+    edited = [99] + prompt[1:] + g.output_ids.tolist() + [5]  # TITO could not keep the prefix: full prefill
+    _run(batcher, [(edited, SamplingParams(max_new_tokens=3, seed=0), "t")])
+    assert batcher.reused_tokens == 0 and len(batcher.prefix_cache) == 1
+    batcher.set_model(model)
+    assert len(batcher.prefix_cache) == 0
+    small = ContinuousBatcher(model, prefix_cache_tokens=10)
+    _run(small, [(prompt, SamplingParams(max_new_tokens=3, seed=0), "t")])
+    assert len(small.prefix_cache) == 0  # 16 kept tokens exceed the budget of 10

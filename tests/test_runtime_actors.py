@@ -4,8 +4,10 @@ by actor processes that the tests start (the tests put this directory on PYTHONP
 from __future__ import annotations
 
 import os
+import time
 
 import trio
+from pydantic import BaseModel, ConfigDict
 
 from schemas.events import TrialIssued
 from schemas.messages import Cancel, GenerateReply, GenerateRequest, Generic
@@ -35,6 +37,9 @@ class EchoActor(Actor):
             return None
         if req.op == "stored":
             return Generic(op="stored", args={"items": self.stored, "cancelled": self.cancelled})
+        if req.op == "freeze":  # blocks the whole trio loop: heartbeats stop, as in a hung actor
+            time.sleep(req.args["s"])
+            return None
         if req.op == "pid":
             return Generic(op="pid", args={"pid": os.getpid()})
         if req.op == "log":
@@ -70,13 +75,17 @@ class GracefulActor(Actor):
 
 
 class CrashingActor(Actor):
-    """Dies in run() when its marker file is missing (first start), lives once the marker exists."""
+    """Dies in run() on its first start (``always``: on every start); lives otherwise."""
 
     role = "crasher"
 
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        always: bool = False
+
     async def run(self) -> None:
         marker = self.ctx.run_dir / f"{self.name}.started"
-        if not marker.exists():
+        if self.options.always or not marker.exists():
             marker.write_text("1")
             raise RuntimeError("crashing on first start, as designed")
         await trio.sleep_forever()

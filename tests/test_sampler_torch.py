@@ -135,3 +135,15 @@ async def test_open_sampler_backend_builds_the_configured_engine(tmp_path):
     with pytest.raises(ValueError, match="needs a policy"):
         async with open_sampler_backend(SamplerConfig()):
             pass
+
+
+@trio_test
+async def test_a_bad_prompt_in_a_batch_is_refused_and_nothing_leaks():
+    async with TorchSampler.open(_policy(6)) as sampler:
+        good = GenerateSpec("good", [1, 2, 3], SamplingParams(max_new_tokens=3))
+        with pytest.raises(ValueError, match="empty prompt"):
+            await sampler.generate([good, GenerateSpec("bad", [], SamplingParams())])
+        await _until(lambda: not sampler._batcher.busy)
+        assert sampler.in_flight == 0 and not sampler._keys
+        [g] = await sampler.generate([good])
+    assert len(g.output_ids) == 3

@@ -130,6 +130,7 @@ def test_close_removes_the_root_and_later_calls_are_infra_errors(backend):
     sandbox.exec("echo x > /app/x")
     directory = sandbox.directory
     sandbox.close()
+    backend.wait_torn_down()
     assert not directory.exists()
     with pytest.raises(SandboxInfraError):
         sandbox.exec("true")

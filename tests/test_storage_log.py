@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from schemas import Heartbeat, SamplerTurn, TrialIssued
 from storage import CorruptionError, EventLog, EventRejected, LogError, LogNotFound, StorageConfig, WriterBusy
-from tests.storage_helpers import EXPERTS, K, LAYERS, TINY_CHUNKS, mixed_event, sampler_turn, trajectory
+from storage_helpers import EXPERTS, K, LAYERS, TINY_CHUNKS, mixed_event, sampler_turn, trajectory
 
 ROUTING = dict(routing_shape=(LAYERS, K), num_experts=EXPERTS)
 
@@ -242,6 +242,9 @@ def test_damaged_compressed_chunk_and_commit_record_are_named(tmp_path):
     victim.write_bytes(victim.read_bytes()[:20])  # truncated blosc frame
     with pytest.raises(CorruptionError, match=r"segment 'w', array 'int32', chunk 1"):
         EventLog.open(location).verify()
+    _chunk_files(location, "headers")[0].unlink()  # a lost chunk reads back as fill value: caught too
+    with pytest.raises(CorruptionError, match=r"segment 'w', array 'headers', chunk 0: checksum mismatch"):
+        EventLog.open(location).counts()
     record = location / "segments" / "w" / "commits" / "000000000002"
     record.write_bytes(record.read_bytes()[:-3] + b"\x00\x00\x00")
     with pytest.raises(CorruptionError, match=r"segment 'w', array 'commits'.*commit record 2"):

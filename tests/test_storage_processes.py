@@ -13,7 +13,7 @@ import time
 import pytest
 
 from storage import EventLog, WriterBusy
-from tests.storage_helpers import EXPERTS, K, LAYERS, TINY_CHUNKS, mixed_event
+from storage_helpers import EXPERTS, K, LAYERS, TINY_CHUNKS, mixed_event
 
 ROUTING = dict(routing_shape=(LAYERS, K), num_experts=EXPERTS)
 FORK = multiprocessing.get_context("fork")  # a forked child starts in milliseconds, so 50 kills stay cheap

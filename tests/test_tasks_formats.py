@@ -66,20 +66,28 @@ def harbor_task(root: Path, name: str, **overrides: str | None) -> Path:
 
 # --- Terminal-Bench ---------------------------------------------------------------------------
 
-def test_terminal_bench_tasks_load(tmp_path):
-    tb_task(tmp_path, "plain")
-    tb_task(tmp_path, "with-yaml-solution", **{
+def write_terminal_bench_trio(root: Path) -> None:
+    """Three runnable Terminal-Bench tasks: solution.sh, solution.yaml + compose env, legacy descriptions."""
+    tb_task(root, "plain")
+    tb_task(root, "with-yaml-solution", **{
         "solution.sh": None,
         "solution.yaml": "- command: mkdir -p /app/out\n  min_timeout_sec: 0.1\n"
-                         "- command: echo hi > /app/out/x.txt\n  block: true\n",
+                         "- command: echo $MODE > /app/out/mode.txt\n  block: true\n"
+                         "- command: echo with-yaml-solution > /app/with-yaml-solution.txt\n",
         "docker-compose.yaml": TB_COMPOSE,
+        "run-tests.sh": "#!/bin/bash\npytest $TEST_DIR/test_outputs.py $TEST_DIR/test_mode.py -rA\n",
+        "tests/test_mode.py": "def test_mode():\n    assert open('/app/out/mode.txt').read() == 'strict\\n'\n",
     })
-    tb_task(tmp_path, "legacy-descriptions", **{
-        "task.yaml": "descriptions:\n  - key: base\n    description: Say hello in /app/hello.txt.\n"
-                     "  - key: hard\n    description: other\n",
+    tb_task(root, "legacy-descriptions", **{
+        "task.yaml": "descriptions:\n  - key: base\n    description: Write legacy-descriptions to "
+                     "/app/legacy-descriptions.txt.\n  - key: hard\n    description: other\n",
         "run-tests.sh": None,
         "tests/helpers/data.txt": "x\n",
     })
+
+
+def test_terminal_bench_tasks_load(tmp_path):
+    write_terminal_bench_trio(tmp_path)
     tasks = load_tasks(tmp_path)
     assert [t.id for t in tasks] == ["legacy-descriptions", "plain", "with-yaml-solution"]  # sorted by id
     by_id = {t.id: t for t in tasks}
@@ -97,11 +105,12 @@ def test_terminal_bench_tasks_load(tmp_path):
     assert oracle_trajectory(task) == [task.oracle.script.strip()]
 
     task = by_id["with-yaml-solution"]
-    assert task.oracle.commands == ["mkdir -p /app/out", "echo hi > /app/out/x.txt"]
+    assert task.oracle.commands == ["mkdir -p /app/out", "echo $MODE > /app/out/mode.txt",
+                                    "echo with-yaml-solution > /app/with-yaml-solution.txt"]
     assert task.environment.env == {"MODE": "strict"}  # TEST_DIR belongs to the harness
 
     task = by_id["legacy-descriptions"]
-    assert task.instruction == "Say hello in /app/hello.txt."
+    assert task.instruction == "Write legacy-descriptions to /app/legacy-descriptions.txt."
     assert set(task.tests.files) == {"test_outputs.py", "helpers/data.txt"} and task.tests.script is None
 
 
@@ -173,6 +182,49 @@ def test_harbor_tasks_load(tmp_path):
     task = tasks["prebuilt-image"]
     assert task.environment.dockerfile is None and task.environment.base_image == "python:3.12-slim"
     assert task.limits.memory_mb == 512 and task.tests.targets == [] and task.family == "harbor"
+
+
+def write_harbor_trio(root: Path) -> None:
+    """Three runnable Harbor tasks: COPY from the context, a COPY heredoc + ENV, a RUN outside /app."""
+    harbor_task(root, "lines")
+    harbor_task(root, "heredoc", **{
+        "environment/Dockerfile": "# syntax=docker/dockerfile:1\nFROM ubuntu:24.04\nENV LINES_FILE=/app/heredoc.txt\n"
+                                  "WORKDIR /app\nCOPY <<EOT /app/heredoc.txt\nfirst\nsecond\nEOT\n",
+        "environment/heredoc.txt": None,
+    })
+    harbor_task(root, "built-by-run", **{
+        "environment/Dockerfile": "FROM ubuntu:24.04\nWORKDIR /app\nRUN mkdir -p /opt/data && "
+                                  "printf 'a\\nb\\n' > /opt/data/src.txt && cp /opt/data/src.txt /app/built-by-run.txt\n",
+        "environment/built-by-run.txt": None,
+        "tests/test_source.py": "def test_source_kept():\n    assert open('/opt/data/src.txt').read() == 'a\\nb\\n'\n",
+    })
+
+
+def test_written_tasks_run_through_the_sandbox_and_verifier(tmp_path):
+    """Loader -> local sandbox (Dockerfile replayed) -> verifier: each oracle resolves its task, a no-op doesn't."""
+    from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+    from t1_actors.verification import Verifier, VerifierConfig
+
+    write_terminal_bench_trio(tmp_path / "tb")
+    write_harbor_trio(tmp_path / "harbor")
+    tasks = load_tasks(tmp_path / "tb") + load_tasks(tmp_path / "harbor")
+    assert [t.source_format for t in tasks] == ["terminal-bench"] * 3 + ["harbor"] * 3
+    backend = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(tmp_path / "sandbox")))
+    with Verifier(VerifierConfig(base_dir=str(tmp_path / "verifier"))) as verifier:
+        for task in tasks:
+            for oracle in (True, False):
+                with backend.open(task, f"{task.id}-{oracle}") as sandbox:
+                    if oracle and task.oracle.commands:
+                        assert [sandbox.exec(c).exit_code for c in task.oracle.commands] == [0] * len(task.oracle.commands)
+                    elif oracle:
+                        sandbox.write_file("/tmp/solve.sh", task.oracle.script.encode(), 0o755)
+                        assert sandbox.exec("bash /tmp/solve.sh").exit_code == 0
+                    outcome = verifier.verify(task, sandbox.trial_root)
+                run = task.tests.targets or [n for n in task.tests.files if n.endswith(".py")]
+                assert outcome.infra_error is None
+                assert outcome.total == sum(task.tests.files[name].count("def test_") for name in run)
+                assert outcome.resolved is oracle, (task.id, oracle, outcome.tests, outcome.log_tail)
+    backend.close()
 
 
 @pytest.mark.parametrize("overrides, file, field, message", [

@@ -84,10 +84,34 @@ def plot_reward(s: dict, ax) -> None:
     ax.legend(loc="best", fontsize=8)
 
 
+def plot_step_reward(s: dict, ax) -> None:
+    pts = [p for p in s["step_rewards"] if np.isfinite(p[1])]
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-")
+    ax.set_xlabel("learner step")
+    ax.set_ylabel("mean reward of the step's trials")
+    ax.set_title("Reward per learner step")
+
+
+def plot_evals(s: dict, ax) -> None:
+    evals = [e for e in s["evals"] if e.n]
+    for label in sorted({e.label for e in evals}):
+        mine = [e for e in evals if e.label == label]
+        x = [e.policy_version for e in mine]
+        y = [e.resolved / e.n for e in mine]
+        err = [[max(0.0, yi - e.ci_low) for yi, e in zip(y, mine)], [max(0.0, e.ci_high - yi) for yi, e in zip(y, mine)]]
+        ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, label=label)
+    ax.set_xlabel("policy version")
+    ax.set_ylabel("resolved rate")
+    ax.set_title("Evaluation (95% CI)")
+    if evals:
+        ax.legend(loc="best", fontsize=8)
+
+
 def plot_explained_variance(s: dict, ax) -> None:
     for key in _metric_keys(s["metrics"], "explained_var"):
         pts = s["metrics"][key]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=key)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", label=key)
     if s["warmup"] is not None:
         ax.axhline(s["warmup"][0], ls=":", color="grey", label=f"before warm-up {s['warmup'][0]:.2f}")
         ax.axhline(s["warmup"][1], ls="--", color="black", label=f"after warm-up {s['warmup'][1]:.2f}")
@@ -110,7 +134,7 @@ def plot_turns_and_length(s: dict, ax_turns, ax_len) -> None:
 def plot_gap(s: dict, ax) -> None:
     for key in _metric_keys(s["metrics"], "gap", "logprob_diff", "mismatch"):
         pts = s["metrics"][key]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=key)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", label=key)
     ax.set_xlabel("learner step")
     ax.set_title("Train-inference gap (mean |delta logprob|)")
     if ax.get_legend_handles_labels()[0]:
@@ -144,7 +168,7 @@ def plot_learner_metrics(s: dict, fig) -> None:
     for i, key in enumerate(keys):
         ax = fig.add_subplot(rows, cols, i + 1)
         pts = s["metrics"][key]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts])
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-")
         ax.set_title(key, fontsize=8)
         ax.tick_params(labelsize=6)
 
@@ -189,12 +213,14 @@ def write_plots(events, out_dir: str | Path) -> list[Path]:
     s = events if isinstance(events, dict) else series_of(events)
     written = []
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8))
     plot_reward(s, axes[0, 0])
-    plot_explained_variance(s, axes[0, 1])
-    plot_gap(s, axes[0, 2])
+    plot_step_reward(s, axes[0, 1])
+    plot_explained_variance(s, axes[0, 2])
+    plot_gap(s, axes[0, 3])
     plot_turns_and_length(s, axes[1, 0], axes[1, 1])
     plot_staleness(s, axes[1, 2])
+    plot_evals(s, axes[1, 3])
     fig.tight_layout()
     written.append(_save(fig, out_dir / "overview.png"))
 

@@ -159,15 +159,20 @@ def mentioned_paths(source: str) -> set[str]:
     return found
 
 
-def hidden_requirements(task: Task) -> list[str]:
-    """Paths/file names the tests check that the instruction never mentions (and the agent is not given).
+def hidden_requirements(task: Task, visible: set[str] = frozenset()) -> list[str]:
+    """Paths/file names the tests check that the instruction never mentions and the agent is not given.
 
-    A mention counts if the full path, its path relative to the workdir, or its file name occurs in
-    the instruction. System paths and the tests' own files are ignored.
+    A path is accounted for when the instruction holds its full path, its path relative to the workdir,
+    its file name, or its name without a leading dot as a word (``.git`` of "a git repository"); or when
+    a file of that name is given to the agent: an environment file, a member of a given archive, or
+    ``visible`` (paths the agent can see before its first turn, listed inside the sandbox). System paths
+    and the tests' own files are ignored.
     """
-    given = set(task.environment.files)
+    given = set(task.environment.files) | set(visible)
+    given_names = {posixpath.basename(p.rstrip("/")) for p in given} | _archive_members(task)
     test_names = {posixpath.basename(p) for p in task.tests.files}
     instruction = task.instruction
+    words = set(re.findall(r"[\w.-]+", instruction.lower()))
     hidden = set()
     for name, content in task.tests.files.items():
         if not name.endswith(".py"):
@@ -176,15 +181,40 @@ def hidden_requirements(task: Task) -> list[str]:
         for path in mentioned_paths(text):
             absolute = path if path.startswith("/") else posixpath.join(task.environment.workdir, path)
             base = posixpath.basename(path.rstrip("/"))
-            if path.startswith(_SYSTEM_PREFIXES) or base in test_names or absolute in given:
+            if path.startswith(_SYSTEM_PREFIXES) or base in test_names or absolute in given or base in given_names:
                 continue
             if base.endswith(".py") and not path.startswith("/") and "/" not in path:
                 continue  # module-like names (conftest.py, helpers.py) rather than workspace files
             relative = posixpath.relpath(absolute, task.environment.workdir)
-            if any(form in instruction for form in {path, absolute, relative, base}):
+            if any(form in instruction for form in {path, absolute, relative, base}) or base.lstrip(".").lower() in words:
                 continue
             hidden.add(path)
     return sorted(hidden)
+
+
+def _archive_members(task: Task) -> set[str]:
+    """File names inside the tar/zip archives the environment gives the agent."""
+    import io
+    import tarfile
+    import zipfile
+
+    names = set()
+    for path, spec in task.environment.files.items():
+        data = spec.data
+        try:
+            if zipfile.is_zipfile(io.BytesIO(data)):
+                names |= {posixpath.basename(n.rstrip("/")) for n in zipfile.ZipFile(io.BytesIO(data)).namelist()}
+            elif path.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
+                with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+                    names |= {posixpath.basename(m.name.rstrip("/")) for m in archive.getmembers()}
+        except (tarfile.TarError, zipfile.BadZipFile, OSError, EOFError):
+            continue
+    return names
+
+
+def visible_paths(probe_output: str) -> set[str]:
+    """Paths the leakage probe listed as present before the agent's first turn."""
+    return {line[len("FILE "):] for line in probe_output.splitlines() if line.startswith("FILE ")}
 
 
 AGENT_READABLE_DIRS = ("/app", "/tmp", "/root", "/home", "/opt", "/srv", "/data", "/mnt", "/var/tmp", "/workspace")
@@ -210,6 +240,11 @@ def leakage_probe(task: Task) -> str:
     for marker in markers:
         lines.append(f"[ -n \"$dirs\" ] && grep -rlF -e {shlex.quote(marker)} $dirs 2>/dev/null "
                      "| head -20 | sed 's/^/LEAK content /'")
+    # what the agent is given (for the hidden-requirement check): files at the start, archive members
+    lines.append('[ -n "$dirs" ] && find $dirs -maxdepth 4 2>/dev/null | head -2000 | sed "s/^/FILE /"')
+    lines.append('[ -n "$dirs" ] && find $dirs -maxdepth 4 -type f \\( -name "*.tar" -o -name "*.tar.gz" -o '
+                 '-name "*.tgz" \\) 2>/dev/null | head -20 | while read -r a; do tar -tf "$a" 2>/dev/null; done '
+                 '| head -2000 | sed "s/^/FILE /"')
     lines.append("true")
     return "\n".join(lines)
 
@@ -269,7 +304,7 @@ def audit_task(task: Task, runner: TrialRunner) -> TaskAudit:
     audit.gates.append(Gate("no_leakage", not leaks and noop.error is None,
                             "; ".join(leaks[:5]) if leaks else "tests not visible during the agent's turns"))
 
-    hidden = hidden_requirements(task)
+    hidden = hidden_requirements(task, visible_paths(noop.probe_output))
     audit.gates.append(Gate("no_hidden_requirement", not hidden,
                             ("tests check, instruction never mentions: " + ", ".join(hidden)) if hidden
                             else "every path the tests check is in the instruction"))

@@ -77,16 +77,42 @@ def check_result(audit: VerifierAudit, event_id: str, result: VerifierResult, ex
         audit.inconsistent.append({**where, "problems": problems})
 
 
-def audit_verifiers(view, tasks_dirs: list[Path]) -> VerifierAudit:
-    """Audit every VerifierResult of a run (``view``: a ``tools._replay.run.RunView``)."""
-    from t1_actors.ppo import REWARD_SCALE
-    from t1_actors.tasks import load_tasks
+CONFIG_NAMES = ("config.toml", "config.json")
+
+
+def task_sources(tasks_dirs: list[Path], config: Path | None) -> tuple[dict[str, str], list[str]]:
+    """Checksum of every task's tests by id, from task directories and the run config's [tasks] section
+    (the synthetic corpus is regenerated from it, deterministically by seed). Also names the sources."""
+    import json
+    import tomllib
+
+    from t1_actors.tasks import TasksConfig, build_task_sets, load_tasks
     from t1_actors.verification import tree_sha256
 
     expected: dict[str, str] = {}
+    names = []
     for directory in tasks_dirs:
         for task in load_tasks(directory):
             expected[task.id] = tree_sha256(task.tests.files)
+        names.append(str(directory))
+    if config is not None:
+        raw = tomllib.loads(config.read_text()) if config.suffix == ".toml" else json.loads(config.read_text())
+        section = raw.get("tasks", {})
+        try:
+            tasks_config = TasksConfig(**section)
+        except ValueError as exc:
+            raise ValueError(f"{config}: section [tasks] is not a valid TasksConfig: {exc}") from None
+        for task_id, task in build_task_sets(tasks_config).by_id.items():
+            expected[task_id] = tree_sha256(task.tests.files)
+        names.append(f"{config} [tasks]")
+    return expected, names
+
+
+def audit_verifiers(view, expected: dict[str, str]) -> VerifierAudit:
+    """Audit every VerifierResult of a run (``view``: a ``tools._replay.run.RunView``) against the
+    tests checksums of the task sources (``task_sources``)."""
+    from t1_actors.ppo import REWARD_SCALE
+
     audit = VerifierAudit()
     for event_id, result in view.of_kind(VerifierResult):
         check_result(audit, event_id, result, expected.get(result.task_id), REWARD_SCALE)

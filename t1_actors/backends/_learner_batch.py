@@ -35,9 +35,10 @@ class TrajectoryBatch:
         B, T = self.token_ids.shape
         if T < 2:
             raise ValueError("a trajectory batch needs at least 2 tokens per row (a prompt and an action)")
-        for name in ("valid", "loss_mask", "sampler_logprobs") + (("old_values",) if self.old_values is not None else ()):
-            if tuple(getattr(self, name).shape) != (B, T):
-                raise ValueError(f"TrajectoryBatch.{name} has shape {tuple(getattr(self, name).shape)}, expected {(B, T)}")
+        for name in ("valid", "loss_mask", "sampler_logprobs", "old_values"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != (B, T):
+                raise ValueError(f"TrajectoryBatch.{name} has shape {tuple(value.shape)}, expected {(B, T)}")
         if self.routing is not None and tuple(self.routing.shape[:2]) != (B, T - 1):
             raise ValueError(f"TrajectoryBatch.routing has shape {tuple(self.routing.shape)}, expected "
                              f"[B, T-1, layers, k] with B, T-1 = {B}, {T - 1}")

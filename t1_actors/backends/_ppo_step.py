@@ -42,9 +42,14 @@ def world_size(group=None) -> int:
 
 
 def all_reduce_sum(values: torch.Tensor, group=None) -> torch.Tensor:
-    if world_size(group) > 1:
-        dist.all_reduce(values, op=dist.ReduceOp.SUM, group=group)
-    return values
+    """Sum of ``values`` over ranks (returned; metrics live on the CPU, nccl reduces on the GPU)."""
+    if world_size(group) == 1:
+        return values
+    device = values.device
+    if dist.get_backend(group) == "nccl":
+        values = values.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(values, op=dist.ReduceOp.SUM, group=group)
+    return values.to(device)
 
 
 def allreduce_gradients(parameters: list[torch.nn.Parameter], group=None) -> None:
@@ -116,7 +121,9 @@ def fidelity_without_replay(forward: PolicyForward, batch: TrajectoryBatch, temp
     logits, live = forward(batch.inputs, None, batch.routing is not None)
     logprobs = ppo.token_logprobs(logits, batch.targets, temperature)
     gap = logprob_gap_sum(logprobs, batch.sampler_logprobs[:, 1:], batch.action_mask)
-    mismatched, choices = (0, 0) if batch.routing is None else routing_mismatch_counts(live, batch.routing, batch.input_valid)
+    mismatched, choices = (0, 0)
+    if batch.routing is not None:
+        mismatched, choices = routing_mismatch_counts(live, batch.routing, batch.input_valid)
     return torch.tensor([float(gap), float(batch.action_mask.sum()), mismatched, choices], dtype=torch.float64)
 
 
@@ -247,7 +254,8 @@ def run_value_updates(critic: Trainable, batch: TrajectoryBatch, returns: torch.
         normalizer = all_reduce_sum(torch.tensor(float(mb_mask.sum())), group).clamp(min=1.0)
         values = critic.forward(batch.inputs[rows])
         if clipped:
-            loss = ppo.clipped_value_loss(values, old_values[rows], returns[rows], mb_mask, cfg.value_clip_eps, normalizer)
+            loss = ppo.clipped_value_loss(values, old_values[rows], returns[rows], mb_mask, cfg.value_clip_eps,
+                                          normalizer)
         else:
             loss = ppo.value_loss(values, returns[rows], mb_mask, normalizer)
         total += float(loss.detach())

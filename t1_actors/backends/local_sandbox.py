@@ -21,7 +21,11 @@ Usage::
 
 from __future__ import annotations
 
+import atexit
+import glob
+import json
 import os
+import queue
 import re
 import secrets
 import threading
@@ -41,10 +45,11 @@ from ._sandbox.runner import BASE_ENV, ExecLimits, bwrap_path, run_in_root
 if TYPE_CHECKING:
     from t1_actors.tasks.model import Task
 
-__all__ = ["LocalSandboxConfig", "LocalSandboxBackend", "LocalSandbox", "TrialRoot", "ExecResult",
+__all__ = ["LocalSandboxConfig", "LocalSandboxBackend", "LocalSandbox", "TrialRoot", "locate_trial", "ExecResult",
            "SandboxInfraError", "SandboxBuildError", "Sandbox", "SandboxBackend", "BuildReport"]
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+TRIAL_FILE = "trial.json"  # in each trial's directory: its TrialRoot, for the verifier
 
 
 class LocalSandboxConfig(BaseModel):
@@ -79,6 +84,22 @@ class TrialRoot:
                    data["workdir"], data["env"])
 
 
+def locate_trial(base_dir: str | os.PathLike, trial_id: str) -> TrialRoot:
+    """The root of an open trial of the local backend whose base dir is ``base_dir`` (any process, same host):
+    how the verifier actor finds what the sandbox actor built. SandboxInfraError when there is none."""
+    trials = Path(base_dir) / "trials"
+    prefix = _SAFE.sub("_", trial_id)[:64] + "-"
+    for directory in trials.glob(f"{glob.escape(prefix)}*"):
+        try:
+            data = json.loads((directory / TRIAL_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("trial_id") == trial_id:
+            return TrialRoot.from_json(data)
+    raise SandboxInfraError(f"no open sandbox of trial {trial_id} under {trials}; the verifier must run on the "
+                            f"sandbox's host with the same [sandbox.local] base_dir, before SandboxClose")
+
+
 class LocalSandboxBackend:
     """Opens local sandboxes. Thread-safe; one per process is plenty."""
 
@@ -98,7 +119,26 @@ class LocalSandboxBackend:
         self._images: dict[str, Image] = {}
         self._lock = threading.Lock()
         self._open: dict[str, "LocalSandbox"] = {}
+        self._teardown: queue.Queue[tuple[list[str], Path] | None] = queue.Queue()
+        self._reaper = threading.Thread(target=self._reap, name="t1-sandbox-reaper", daemon=True)
+        self._reaper.start()
+        atexit.register(self.wait_torn_down)  # a daemon reaper must not leave mounts behind at exit
         self.sweep_stale()
+
+    def _reap(self) -> None:
+        """Unmount and delete closed trials off the caller's path (umount waits for RCU grace periods)."""
+        while (item := self._teardown.get()) is not None:
+            mounted, directory = item
+            try:
+                unmount_all(mounted)
+                remove_tree(directory)
+            finally:
+                self._teardown.task_done()
+        self._teardown.task_done()
+
+    def wait_torn_down(self) -> None:
+        """Block until every closed sandbox is unmounted and deleted."""
+        self._teardown.join()
 
     def image(self, task: "Task") -> Image:
         """The task's environment image (built on first use, then cached on disk and in memory)."""
@@ -123,9 +163,9 @@ class LocalSandboxBackend:
         except OSError as exc:
             remove_tree(directory)
             raise SandboxInfraError(f"cannot mount the root of trial {trial_id}: {exc}") from exc
-        sandbox = LocalSandbox(self, task, trial_id, directory, merged, mounted,
-                               TrialRoot(trial_id, stack, upper, image.workdir, {**BASE_ENV, **image.env}),
-                               image.report)
+        trial_root = TrialRoot(trial_id, stack, upper, image.workdir, {**BASE_ENV, **image.env})
+        (directory / TRIAL_FILE).write_text(json.dumps(trial_root.to_json()))
+        sandbox = LocalSandbox(self, task, trial_id, directory, merged, mounted, trial_root, image.report)
         with self._lock:
             self._open[sandbox.directory.name] = sandbox
         return sandbox
@@ -149,10 +189,14 @@ class LocalSandboxBackend:
         return swept
 
     def close(self) -> None:
+        """Close every open sandbox and wait until every closed one is torn down."""
         with self._lock:
             sandboxes = list(self._open.values())
         for sandbox in sandboxes:
             sandbox.close()
+        if self._reaper.is_alive():
+            self._teardown.put(None)
+            self._reaper.join()
 
 
 class LocalSandbox:
@@ -182,7 +226,11 @@ class LocalSandbox:
         self._check_open()
         return run_in_root(self.root, ["/bin/sh", "-c", command], env=self.trial_root.env,
                            workdir=self.trial_root.workdir, limits=self.limits(timeout_s), network=network,
-                           name=_SAFE.sub("_", self.trial_id)[:40])
+                           name=self.directory.name)
+
+    def interrupt(self) -> int:
+        """Kill whatever command of this trial is running now (its ``exec`` returns, killed). Thread-safe."""
+        return cgroups.kill_all(self.directory.name + "-")
 
     def read_file(self, path: str) -> bytes:
         self._check_open()
@@ -197,9 +245,12 @@ class LocalSandbox:
         if self._closed:
             return
         self._closed = True
-        unmount_all(self._mounted)
-        remove_tree(self.directory)
         self.backend._forget(self)
+        if self.backend._reaper.is_alive():
+            self.backend._teardown.put((self._mounted, self.directory))
+        else:
+            unmount_all(self._mounted)
+            remove_tree(self.directory)
 
     def _check_open(self) -> None:
         if self._closed:

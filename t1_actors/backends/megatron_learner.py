@@ -34,8 +34,8 @@ from ..policy.config import ModelConfig
 from ..policy.model import MoEPolicy
 from ._learner_batch import TrajectoryBatch
 from ._ppo_step import Trainable, run_ppo_step
-from .torch_learner import (CHECKPOINT_FORMAT, PublishedWeights, StepResult, TorchCritic, make_optimizer, sha256_file,
-                            version_dirname)
+from .torch_learner import (CHECKPOINT_FORMAT, PublishedWeights, StepResult, TorchCritic, cursor_bytes, cursor_tensor,
+                            make_optimizer, sha256_file, version_dirname)
 
 __all__ = ["MegatronLearner", "build_gpt_model", "to_policy_state", "from_policy_state"]
 
@@ -236,8 +236,10 @@ class MegatronLearner:
     def load_policy(self, policy: MoEPolicy) -> None:
         """Take the torch policy's weights (the same architecture)."""
         if policy.config != self.config:
-            raise ValueError("the policy's ModelConfig differs from this learner's; build the learner with policy.config")
-        missing, unexpected = self.model.load_state_dict(from_policy_state(policy.state_dict(), self.config), strict=False)
+            raise ValueError("the policy's ModelConfig differs from this learner's; "
+                             "build the learner with policy.config")
+        state = from_policy_state(policy.state_dict(), self.config)
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if missing or unexpected:
             raise RuntimeError(f"weight conversion mismatch: missing {missing[:4]}, unexpected {unexpected[:4]}")
@@ -313,10 +315,11 @@ class MegatronLearner:
     def save_checkpoint(self, path: str | Path, cursor: bytes = b"") -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        state = {"format": CHECKPOINT_FORMAT, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        state = {"format": CHECKPOINT_FORMAT, "model": self.model.state_dict(),
+                 "optimizer": self.optimizer.state_dict(),
                  "critic": self.critic.state_dict() if self.critic is not None else None,
-                 "policy_version": self.policy_version, "step_count": self.step_count,
-                 "cursor": torch.frombuffer(bytearray(cursor), dtype=torch.uint8) if cursor else torch.zeros(0, dtype=torch.uint8)}
+                 "policy_version": self.policy_version, "step_count": self.step_count, "seed": self.seed,
+                 "cursor": cursor_tensor(cursor)}
         tmp = path.with_name(path.name + ".tmp")
         torch.save(state, tmp)
         tmp.replace(path)
@@ -329,4 +332,5 @@ class MegatronLearner:
         if self.critic is not None and state["critic"] is not None:
             self.critic.load_state_dict(state["critic"])
         self.policy_version, self.step_count = int(state["policy_version"]), int(state["step_count"])
-        return bytes(state["cursor"].cpu().numpy().tobytes())
+        self.seed = int(state["seed"])
+        return cursor_bytes(state["cursor"])

@@ -35,7 +35,8 @@ from .. import ppo
 from ..policy.model import MoEPolicy
 from ..policy.value import ValueModel
 from ._learner_batch import TrajectoryBatch, collate
-from ._ppo_step import Trainable, monte_carlo_returns, run_ppo_step, run_value_updates, advantages_and_returns, world_size
+from ._ppo_step import (Trainable, advantages_and_returns, monte_carlo_returns, run_ppo_step, run_value_updates,
+                        world_size)
 
 __all__ = ["TorchLearner", "TorchCritic", "StepResult", "PublishedWeights", "WarmupReport", "TrajectoryBatch",
            "collate", "version_dirname", "init_data_parallel", "shard", "broadcast_parameters", "sha256_file"]
@@ -100,6 +101,15 @@ class WarmupReport:
 def version_dirname(version: int) -> str:
     """Directory name of a published policy version (the run's ``weights/vNNNNN``)."""
     return f"v{version:05d}"
+
+
+def cursor_tensor(cursor: bytes) -> torch.Tensor:
+    """The opaque cursor blob as a uint8 tensor (checkpoints load with ``weights_only=True``)."""
+    return torch.frombuffer(bytearray(cursor), dtype=torch.uint8) if cursor else torch.zeros(0, dtype=torch.uint8)
+
+
+def cursor_bytes(tensor: torch.Tensor) -> bytes:
+    return bytes(tensor.cpu().numpy().tobytes())
 
 
 def sha256_file(path: str | Path) -> str:
@@ -180,7 +190,8 @@ class TorchCritic:
             for i, batch in enumerate(batches):
                 batch = batch.to(self.device)
                 metrics = run_value_updates(self.trainable, batch, monte_carlo_returns(batch, self.cfg), self.cfg,
-                                            clipped=False, epochs=1, seed=self.seed + epoch * 7919 + i, group=self.group)
+                                            clipped=False, epochs=1, seed=self.seed + epoch * 7919 + i,
+                                            group=self.group)
                 losses.append(metrics["value_loss"])
         after = self.explained_variance(batches)
         self.version += 1
@@ -191,12 +202,12 @@ class TorchCritic:
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "version": self.version, "updates": self.updates}
+                "version": self.version, "updates": self.updates, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.version, self.updates = int(state["version"]), int(state["updates"])
+        self.version, self.updates, self.seed = int(state["version"]), int(state["updates"]), int(state["seed"])
 
 
 # --------------------------------------------------------------------------------------------- learner
@@ -276,7 +287,8 @@ class TorchLearner:
             "critic": self.critic.state_dict() if self.critic is not None else None,
             "policy_version": self.policy_version,
             "step_count": self.step_count,
-            "cursor": torch.frombuffer(bytearray(cursor), dtype=torch.uint8) if cursor else torch.zeros(0, dtype=torch.uint8),
+            "seed": self.seed,  # the minibatch shuffles follow (seed, step): a resumed run must keep it
+            "cursor": cursor_tensor(cursor),
             "rng": torch.get_rng_state(),
             "config": self.cfg.model_dump_json(),
         }
@@ -303,8 +315,9 @@ class TorchLearner:
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
         self.policy_version, self.step_count = int(state["policy_version"]), int(state["step_count"])
+        self.seed = int(state["seed"])
         torch.set_rng_state(state["rng"].cpu())
-        return bytes(state["cursor"].cpu().numpy().tobytes())
+        return cursor_bytes(state["cursor"])
 
 
 # -------------------------------------------------------------------------------------- data parallel
@@ -313,7 +326,8 @@ def init_data_parallel(backend: str | None = None, **kwargs) -> tuple[int, int]:
     """Join the process group from the torchrun environment (MASTER_ADDR/PORT, RANK, WORLD_SIZE):
     gloo on CPU, nccl on GPU. Returns (rank, world size)."""
     if not dist.is_initialized():
-        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE") if k not in os.environ and k not in kwargs]
+        needed = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+        missing = [k for k in needed if k not in os.environ and k not in kwargs]
         if missing and "init_method" not in kwargs:
             raise RuntimeError(f"data parallel needs {missing} in the environment (launch with torchrun)")
         dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"), **kwargs)

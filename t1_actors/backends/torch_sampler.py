@@ -74,12 +74,19 @@ class TorchSampler:
     async def generate(self, requests: list[GenerateSpec]) -> list[Generation]:
         if self._failure is not None:
             raise RuntimeError(f"torch sampler engine failed earlier: {self._failure!r}") from self._failure
-        keys = []
-        for spec in requests:
-            key = self._batcher.add(spec.input_ids, spec.params)
-            self._waiters[key] = _Waiter()
-            self._keys.setdefault(spec.request_id, []).append(key)
-            keys.append(key)
+        keys: list[int] = []
+        try:
+            for spec in requests:
+                key = self._batcher.add(spec.input_ids, spec.params)
+                self._waiters[key] = _Waiter()
+                self._keys.setdefault(spec.request_id, []).append(key)
+                keys.append(key)
+        except ValueError:  # a bad prompt: withdraw the ones already queued, then say which
+            for spec, key in zip(requests, keys):
+                self._batcher.cancel(key)
+                self._waiters.pop(key, None)
+                self._forget(spec.request_id, key)
+            raise
         self._wake.set()
         try:
             for key in keys:

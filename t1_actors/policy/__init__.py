@@ -1,10 +1,20 @@
-"""The MoE policy: model (routing capture, R3 replay), sampling, tokenizer and chat template."""
+"""The MoE policy: model (routing capture, R3 replay), sampling, tokenizer and chat template.
+
+    policy = MoEPolicy(ModelConfig())                     # or from_pretrained(hf_dir) / MoEPolicy.load(dir)
+    out = policy(ids, capture_routing=True)               # .logits .routing [B,T,L,k] .hidden_states
+    out = policy(ids, routing_replay=record)              # R3: experts from the record, gates live
+    gens = generate(policy, prompts, SamplingParams(max_new_tokens=64, temperature=1.0, seed=0))
+    policy.save(dir)                                      # HF Qwen3-MoE layout (transformers, SGLang load it)
+
+Tokenizer: ``t1_actors.policy.tokenizer``; chat template: ``t1_actors.policy.chat_template``.
+"""
 
 from .config import ModelConfig
 from ._hf import from_pretrained
 from .kv_cache import KVCache
 from .model import MoEBackbone, MoEPolicy, PolicyOutput
 from .routing import r3_gate, topk_gate
+from .sampling import ContinuousBatcher, Generation, SamplingParams, generate
 
 __all__ = ["ModelConfig", "MoEPolicy", "MoEBackbone", "PolicyOutput", "KVCache", "from_pretrained",
-           "r3_gate", "topk_gate"]
+           "r3_gate", "topk_gate", "ContinuousBatcher", "Generation", "SamplingParams", "generate"]

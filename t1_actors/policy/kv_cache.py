@@ -99,3 +99,29 @@ class KVCache:
                 grown = t.new_zeros((t.shape[0], t.shape[1], capacity, t.shape[3]))
                 grown[:, :, :self.length] = t[:, :, :self.length]
                 store[i] = grown
+
+    # -- prefix reuse (multi-turn sessions) --------------------------------------------------------
+    def row_prefix(self, row: int, columns: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Keys and values ``[kv_heads, m, head_dim]`` per layer of ``row`` at the selected ``columns`` (bool)."""
+        index = columns[:self.length].nonzero().squeeze(-1)
+        return ([k[row].index_select(1, index) for k in self.keys],
+                [v[row].index_select(1, index) for v in self.values])
+
+    @classmethod
+    def from_prefixes(cls, prefixes: list[tuple[list[torch.Tensor], list[torch.Tensor]] | None], *,
+                      num_layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
+                      device: torch.device | str = "cpu") -> "KVCache":
+        """A cache whose row ``i`` holds ``prefixes[i]`` right-aligned (None: an empty row)."""
+        length = max((p[0][0].shape[1] for p in prefixes if p is not None), default=0)
+        cache = cls(num_layers, len(prefixes), kv_heads, head_dim, capacity=max(capacity, length + 1),
+                    dtype=dtype, device=device)
+        for row, prefix in enumerate(prefixes):
+            if prefix is None:
+                continue
+            keys, values = prefix
+            m = keys[0].shape[1]
+            for layer in range(num_layers):
+                cache.keys[layer][row, :, length - m:length] = keys[layer]
+                cache.values[layer][row, :, length - m:length] = values[layer]
+        cache.length = length
+        return cache

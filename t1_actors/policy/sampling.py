@@ -11,7 +11,9 @@ this quantity). Sampling itself draws from the top-p truncated distribution.
 
 Routing is recorded for every token fed to the model: all prompt positions and every sampled token
 but the last (never fed back): ``[len(prompt) + len(output) - 1, layers, k]``, one byte per id for
-<= 256 experts. Sampling is seedable per sequence (a per-sequence generator, so a sequence's draws do
+<= 256 experts. A sequence added with a ``session`` (its trial) leaves its keys/values behind when it
+finishes; the session's next turn, whose prompt extends them, prefills only the new tokens and reuses
+the routing recorded for the kept ones (``_prefix_cache.py``). Sampling is seedable per sequence (a per-sequence generator, so a sequence's draws do
 not depend on what else is in the batch).
 """
 
@@ -28,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import routing_dtype
 
+from ._prefix_cache import PrefixCache, Retained
+from .kv_cache import KVCache
 from .model import MoEPolicy
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
@@ -64,6 +68,7 @@ class _Sequence:
     params: SamplingParams
     generator: torch.Generator
     stop: frozenset[int]
+    session: str | None = None
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -135,7 +140,7 @@ class ContinuousBatcher:
     """
 
     def __init__(self, model: MoEPolicy, *, capture_routing: bool = True, max_batch: int = 64,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, prefix_cache_tokens: int = 0):
         if dtype is not None and dtype != model.lm_head.weight.dtype:
             model = copy.deepcopy(model).to(dtype)
         self.model = model.eval()
@@ -152,9 +157,12 @@ class ContinuousBatcher:
         self._last: torch.Tensor | None = None  # [B] last sampled token of each row
         self._seed_source = np.random.default_rng()
         self._id_dtype = routing_dtype(self.config.num_experts)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        self.reused_tokens = 0  # prompt tokens not prefilled thanks to the prefix cache (a counter)
 
     # -- public ---------------------------------------------------------------------------------
-    def add(self, prompt: list[int] | np.ndarray, params: SamplingParams) -> int:
+    def add(self, prompt: list[int] | np.ndarray, params: SamplingParams, session: str | None = None) -> int:
+        """Queue a prompt; ``session`` (e.g. the trial id) lets its next turn reuse this turn's KV."""
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("empty prompt: a generation needs at least one input id")
@@ -165,7 +173,7 @@ class ContinuousBatcher:
             key = self._next_key
             self._next_key += 1
             self._pending.append(_Sequence(key, prompt, params, torch.Generator().manual_seed(seed),
-                                           frozenset(params.stop_ids)))
+                                           frozenset(params.stop_ids), session))
         return key
 
     def cancel(self, key: int) -> None:
@@ -189,6 +197,8 @@ class ContinuousBatcher:
             raise ValueError("the new policy has another shape (ModelConfig differs); start a new sampler")
         dtype = self.model.lm_head.weight.dtype
         self.model = (copy.deepcopy(model).to(dtype) if model.lm_head.weight.dtype != dtype else model).eval()
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # kept keys/values were computed by the old weights
 
     @torch.inference_mode()
     def step(self, admit: bool = True) -> list[tuple[int, Generation]]:
@@ -208,17 +218,48 @@ class ContinuousBatcher:
 
     # -- internals ------------------------------------------------------------------------------
     def _admit(self, seqs: list[_Sequence]) -> None:
-        width = max(len(s.prompt) for s in seqs)
+        """Prefill new sequences (those continuing a kept session apart: they feed only new tokens)."""
+        kept = [self.prefix_cache.take(s.session, s.prompt) if self.prefix_cache and s.session else None
+                for s in seqs]
+        groups = [[(s, r) for s, r in zip(seqs, kept) if r is not None], [(s, r) for s, r in zip(seqs, kept) if r is None]]
+        for group in groups:
+            if group:
+                self._merge(*self._prefill([s for s, _ in group], [r for _, r in group]))
+
+    def _prefill(self, seqs: list[_Sequence], kept: list[Retained | None]):
+        config = self.config
+        weight = self.model.lm_head.weight
+        cache = KVCache.from_prefixes([(r.keys, r.values) if r else None for r in kept],
+                                      num_layers=config.num_layers, kv_heads=config.num_kv_heads,
+                                      head_dim=config.head_dim, capacity=64, dtype=weight.dtype)
+        past = cache.length
+        suffixes = [s.prompt[len(r.tokens):] if r else s.prompt for s, r in zip(seqs, kept)]
+        width = max(len(x) for x in suffixes)
         ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        mask = torch.zeros(len(seqs), width, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, width - len(s.prompt):] = torch.tensor(s.prompt)
-            mask[i, width - len(s.prompt):] = 1
-        cache = self.model.new_cache(len(seqs), capacity=width + 64)
+        mask = torch.zeros(len(seqs), past + width, dtype=torch.long)
+        for i, (suffix, r) in enumerate(zip(suffixes, kept)):
+            ids[i, width - len(suffix):] = torch.tensor(suffix)
+            mask[i, past + width - len(suffix):] = 1
+            if r is not None:
+                mask[i, past - len(r.tokens):past] = 1
+                self.reused_tokens += len(r.tokens)
         out = self.model(ids, attention_mask=mask, past_key_values=cache, use_cache=True,
                          capture_routing=self.capture_routing, logits_to_keep=1)
-        columns = _Columns(self._column_payload(mask, out.routing))
-        tokens = self._sample(out.logits[:, -1], seqs)
+        routing = out.routing
+        if self.capture_routing and past:
+            routing = torch.cat([self._kept_routing(kept, past), routing.to(torch.int32)], 1)
+        columns = _Columns(self._column_payload(mask, routing))
+        return seqs, cache, columns, self._sample(out.logits[:, -1], seqs)
+
+    def _kept_routing(self, kept: list[Retained | None], past: int) -> torch.Tensor:
+        layers, top_k = self.config.num_layers, self.config.top_k
+        routing = torch.zeros(len(kept), past, layers, top_k, dtype=torch.int32)
+        for i, r in enumerate(kept):
+            if r is not None:
+                routing[i, past - len(r.tokens):] = r.routing.to(torch.int32)
+        return routing
+
+    def _merge(self, seqs: list[_Sequence], cache: KVCache, columns: "_Columns", tokens: torch.Tensor) -> None:
         if self._cache is None:
             self._cache, self._columns, self._rows, self._last = cache, columns, list(seqs), tokens
         else:
@@ -284,11 +325,13 @@ class ContinuousBatcher:
             return []
         results = []
         for i, reason in rows:
-            routing = None
-            if self.capture_routing:
-                valid = self._columns.t["mask"][i].bool()
-                routing = self._columns.t["routing"][i][valid]
-            results.append((self._rows[i].key, self._generation(self._rows[i], routing, reason)))
+            valid = self._columns.t["mask"][i].bool()
+            routing = self._columns.t["routing"][i][valid] if self.capture_routing else None
+            seq = self._rows[i]
+            results.append((seq.key, self._generation(seq, routing, reason)))
+            if self.prefix_cache is not None and seq.session is not None and reason != "cancelled":
+                keys, values = self._cache.row_prefix(i, valid)
+                self.prefix_cache.put(seq.session, Retained(seq.prompt + seq.output[:-1], keys, values, routing))
         gone = {i for i, _ in rows}
         keep = [i for i in range(len(self._rows)) if i not in gone]
         if not keep:

@@ -49,9 +49,10 @@ peers by role or instance name::
 A call raises ``DeadlineExceeded`` (peer, op, deadline), ``RemoteError`` (the peer's handler raised or
 refused: ``error``, ``detail``), ``RequestCancelled`` (a Cancel stopped it) or ``NoSuchPeer``.
 
-Built in for every actor: ``Ping`` -> ``Pong``; ``Shutdown`` -> Ack and a clean stop; ``Cancel(trial_id)``
-cancels the handlers serving that trial (``'*'``: all) and refuses later requests for it, then calls
-the actor's own ``@handles(Cancel)`` if it has one (e.g. to tear a sandbox down). Heartbeats go to the
+Built in for every actor: ``Ping`` -> ``Pong``; ``Generic(op="runtime.stats")`` -> frames rejected by
+reason; ``Shutdown`` -> Ack and a clean stop; ``Cancel(trial_id)`` cancels the handlers serving that
+trial (``'*'``: all) and refuses later requests for it, then calls the actor's own ``@handles(Cancel)``
+if it has one (e.g. to tear a sandbox down). Heartbeats go to the
 supervisor every ``[transport] heartbeat_interval_s``.
 
 Running: ``t1-actor <role> --config run.toml [--name NAME]`` (one actor), ``t1-actor launch --config

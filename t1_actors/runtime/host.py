@@ -11,7 +11,7 @@ import trio
 
 from schemas import Record, SchemaError
 from schemas.events import ActorLifecycle
-from schemas.messages import Ack, Cancel, ErrorReply, Heartbeat, Ping, Pong, Shutdown
+from schemas.messages import Ack, Cancel, ErrorReply, Generic, Heartbeat, Ping, Pong, Shutdown
 
 from ..config import RunConfig
 from .actor import Actor, ActorContext
@@ -57,6 +57,9 @@ class ActorHost:
         assert actor is not None
         if isinstance(record, Ping):
             return Pong(actor=self.ctx.name, payload=record.payload)
+        if isinstance(record, Generic) and record.op == "runtime.stats":
+            return Generic(op="runtime.stats", args={"rejected": dict(self.rejects.counts), "pid": os.getpid(),
+                                                     "in_flight": len(self.ctx.inflight)})
         if isinstance(record, Shutdown):
             self.logger.info("shutdown_received", peer=sender, reason=record.reason)
             self.ctx.shutdown.set()
@@ -120,7 +123,7 @@ class ActorHost:
             await trio.sleep(transport.heartbeat_interval_s)
 
     def _status(self) -> dict[str, float]:
-        status = {"in_flight": float(len(self.ctx.inflight))}
+        status = {"in_flight": float(len(self.ctx.inflight)), "rejected": float(sum(self.rejects.counts.values()))}
         try:
             status.update(self.actor.status() if self.actor else {})
         except Exception as exc:  # a broken status() must not stop heartbeats

@@ -79,6 +79,13 @@ def run(args: argparse.Namespace) -> int:
     out["source"] = source
     out["expert_optimizer_only_depends_on_G"] = invariant
     out["expert_optimizer_gib_by_plan"] = {"plans": len(sweep), "min": min(values), "max": max(values)}
+    plans = cap.valid_plans(args.devices, distributed_optimizer=plan.distributed_optimizer)
+    picks = plans[:: max(1, len(plans) // 8)][:8]
+    out["plan_samples"] = [
+        {"label": p.label(), "expert_optimizer_gib": r.total.expert_optimizer / cap.GIB,
+         "expert_weights_grads_gib": (r.total.expert_weights + r.total.expert_grads) / cap.GIB,
+         "total_gib": r.total.total / cap.GIB}
+        for p in picks for r in [cap.capacity(actor, p, critic=critic, nbytes=nbytes)]]
     out["expert_optimizer_gib_formula"] = (actor.expert + (critic.expert if critic else 0)) * nbytes.optimizer / args.devices / cap.GIB
     if args.json:
         print_json(out)
@@ -109,6 +116,11 @@ def _render(out: dict) -> None:
     c.print(f"expert optimiser state per device over {sweep['plans']} valid plans on G={out['plan']['devices']}: "
             f"{sweep['min']:.3f}..{sweep['max']:.3f} GiB (X b_o / G = {out['expert_optimizer_gib_formula']:.3f}); "
             f"depends only on G: {out['expert_optimizer_only_depends_on_G']}")
+    samples = Table("plan (same G)", "expert optimiser GiB", "expert weights+grads GiB", "total GiB")
+    for sample in out["plan_samples"]:
+        samples.add_row(sample["label"], f"{sample['expert_optimizer_gib']:.3f}",
+                        f"{sample['expert_weights_grads_gib']:.2f}", f"{sample['total_gib']:.2f}")
+    c.print(samples)
     if out["device_memory_gib"] is not None:
         verdict = "fits" if out["fits"] else "does NOT fit"
         c.print(f"device memory {out['device_memory_gib']:g} GiB: {verdict} (headroom {out['headroom_gib']:.1f} GiB "

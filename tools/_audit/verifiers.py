@@ -16,24 +16,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="run directory (RUN/log) or event log directory")
     p.add_argument("--tasks", action="append", default=None,
                    help="task source directory (repeatable; default RUN/tasks when it exists)")
+    p.add_argument("--config", default=None,
+                   help="the run's config (TOML/JSON); its [tasks] section regenerates the synthetic corpus "
+                        "(default RUN/config.toml or RUN/config.json when present)")
     p.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
     from t1_actors.tasks.errors import TaskFormatError
     from tools._replay.run import RunError, RunView
-    from tools.verifier_audit import audit_verifiers
+    from tools.verifier_audit import CONFIG_NAMES, audit_verifiers, task_sources
 
     try:
         view = RunView.open(args.run)
     except RunError as exc:
         return fail(str(exc))
     dirs = [Path(d) for d in args.tasks] if args.tasks else [d for d in [view.root / "tasks"] if d.is_dir()]
+    config = Path(args.config) if args.config else next(
+        (view.root / n for n in CONFIG_NAMES if (view.root / n).is_file()), None)
+    if config is not None and not config.is_file():
+        return fail(f"--config {config}: no such file")
     try:
-        audit = audit_verifiers(view, dirs)
-    except TaskFormatError as exc:
+        expected, sources = task_sources(dirs, config)
+    except (TaskFormatError, ValueError) as exc:
         return fail(str(exc))
-    out = {"run": str(view.root), "task_sources": [str(d) for d in dirs], **audit.to_json()}
+    audit = audit_verifiers(view, expected)
+    out = {"run": str(view.root), "task_sources": sources, **audit.to_json()}
     if args.json:
         print_json(out)
     else:
@@ -44,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 def _render(out: dict) -> None:
     c = console()
     c.print(f"[bold]Verifiers[/bold] {out['run']}: {out['results']} results, {out['checksums_checked']} checksums "
-            f"checked against {out['task_sources'] or 'no task source (pass --tasks DIR)'}")
+            f"checked against {out['task_sources'] or 'no task source (pass --tasks DIR or --config RUN_CONFIG)'}")
     if out["checksum_mismatches"]:
         table = Table("trial", "task", "recorded sha256", "source sha256", title="checksum mismatches")
         for m in out["checksum_mismatches"]:

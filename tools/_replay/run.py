@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas import Event, SamplerTurn, WeightsPublished
+from storage import EventLog, LogError
 
 TOKENIZER_NAMES = ("tokenizer.json", "tokenizer/tokenizer.json", "assets/tokenizer.json")
 
@@ -38,19 +39,15 @@ class RunView:
             raise RunError(f"run {root} does not exist; pass a run directory (with log/) or a log directory")
         log_path = root / "log" if (root / "log").exists() else root
         try:
-            from storage import EventLog
-        except ImportError as exc:  # pragma: no cover - storage is part of t1
-            raise RunError(f"the storage package cannot be imported ({exc})") from exc
-        try:
             log = EventLog.open(log_path)
-        except Exception as exc:
+        except (LogError, OSError, ValueError) as exc:
             raise RunError(f"{log_path}: not a readable t1 event log ({type(exc).__name__}: {exc}); "
                            "pass the run directory the campaign wrote") from exc
         if root == log_path and root.name == "log":
             root = root.parent
         try:
             events = list(_read_all(log))
-        except Exception as exc:  # CorruptionError names the segment, array and chunk
+        except (LogError, OSError, ValueError) as exc:  # CorruptionError names the segment, array and chunk
             raise RunError(f"{log_path}: cannot read the log: {exc}") from exc
         return cls(root=root, log_path=log_path, events=events)
 

@@ -154,3 +154,19 @@ def _kill_and_remove(path: Path) -> None:
             _kill_members(path)
             time.sleep(0.005 if attempt < 20 else 0.05)
     raise SandboxInfraError(f"cgroup {path} still has live processes after SIGKILL; remove it by hand")
+
+
+def kill_all(prefix: str) -> int:
+    """SIGKILL every process of every command cgroup whose name starts with ``prefix``. Returns how many cgroups."""
+    hit = 0
+    for controller in ("unified", "pids", "memory"):
+        base = ROOT / controller / _PREFIX
+        if not base.is_dir():
+            continue
+        for path in base.iterdir():
+            if path.name.startswith(prefix):
+                _kill_members(path)
+                hit += 1
+        if hit:
+            break
+    return hit

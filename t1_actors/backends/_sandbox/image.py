@@ -118,8 +118,27 @@ def _load(path: Path) -> Image | None:
     return Image(path.name, Layer(path), data["env"], data["workdir"], BuildReport(**{**data["report"], "cached": True}))
 
 
+def _files_only(task: "Task", plan: BuildPlan, system_dirs: tuple[str, ...]) -> bool:
+    """True when the environment is just files outside the host's system dirs: no mount needed to build it."""
+    return not plan.steps and not task.environment.setup and all(
+        path.split("/")[1] not in system_dirs for path in [*task.environment.files, task.environment.workdir])
+
+
+def _build_files_only(task: "Task", key: str, scratch: Path, stack: RootStack) -> Image:
+    start = time.monotonic()
+    layer = Layer(scratch / "layer").create(stack.system_dirs)
+    root = RootFS(layer.root())  # a fresh layer has no symlinks to follow: plain writes are exact
+    for path, spec in task.environment.files.items():
+        root.write(path, spec.data, spec.mode)
+    root.makedirs(task.environment.workdir)
+    return Image(key, layer, dict(task.environment.env), task.environment.workdir,
+                 BuildReport(None, 0, [], False, time.monotonic() - start))
+
+
 def _build(task: "Task", plan: BuildPlan, key: str, scratch: Path, stack: RootStack, limits: ExecLimits,
            network: bool) -> Image:
+    if _files_only(task, plan, stack.system_dirs):
+        return _build_files_only(task, key, scratch, stack)
     start = time.monotonic()
     deadline = start + limits.timeout_s
     layer = Layer(scratch / "layer").create(stack.system_dirs)

@@ -1,5 +1,4 @@
 #!/bin/bash
-cd /var/log/app
-find . -name '*.log' | sed 's|^\./||' > /tmp/logs.list
-tar -czf /app/logs.tar.gz -T /tmp/logs.list
-xargs rm < /tmp/logs.list
+find /var/log/app -name '*.log' -printf '%P\n' | sort > /tmp/logs.list
+tar -czf /app/logs.tar.gz -C /var/log/app -T /tmp/logs.list
+find /var/log/app -name '*.log' -delete

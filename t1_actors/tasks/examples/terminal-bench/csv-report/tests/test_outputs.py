@@ -1,3 +1,4 @@
+import os
 import subprocess
 from pathlib import Path
 
@@ -30,5 +31,9 @@ def test_data_untouched():
 
 def test_check_script_says_ok():
     result = subprocess.run(["/opt/report/check.sh"], capture_output=True, text=True,
-                            env={"REPORT_PATH": "/app/report.txt", "PATH": "/usr/bin:/bin"})
+                            env={**os.environ, "REPORT_PATH": "/app/report.txt"})
     assert result.stdout.strip() == "OK"
+
+
+def test_check_output_saved():
+    assert Path("/app/check.txt").read_text().strip() == "OK"

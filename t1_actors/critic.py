@@ -1,0 +1,198 @@
+"""The critic actor: the value model. Warm-up, values for GAE, the clipped value loss after each step.
+
+Data path (everything through the run's log, read with a cursor):
+- warm-up: before it values any training trajectory, the critic fits one epoch (``[ppo]
+  critic_warmup_epochs``) on the offline trajectories of warm-up trials (``TrialIssued(split="warmup")``),
+  once ``[critic] warmup_trajectories`` of their chunks are in the log (0: no waiting) or when asked with
+  ``Generic(op="critic_warmup")``; it appends ``CriticWarmup`` with explained variance before and after;
+- every admitted trial (``StalenessDecision(decision="admit")``): ``CriticValues`` for each chunk;
+- every ``LearnerStep``: one update on that step's trajectories with the clipped value loss, whose
+  V_old are the values this critic logged for them (those the learner used for GAE).
+It checkpoints its model, optimiser and cursor blob after each update and resumes from them.
+
+Config: ``[critic]`` (``CriticConfig``), ``[ppo]``, ``[model]``; options: ``policy_path`` for the trunk's
+initial weights (default: the newest ``WeightsPublished`` in the log, else fresh weights).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import trio
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas import Ack, Generic, LearnerStep, StalenessDecision, TrajectoryAssembled, TrialIssued
+from storage import EventLog
+
+from .backends._learner_batch import collate, trial_records
+from .backends.torch_learner import TorchCritic, cursor_bytes, cursor_tensor
+from .config import section
+from .policy import ModelConfig, MoEPolicy
+from .policy.value import ValueModel
+from .ppo import PPOConfig
+from .runtime.actor import Actor, handles
+
+section("ppo")(PPOConfig)
+
+
+@section("critic")
+class CriticConfig(BaseModel):
+    """[critic]: when to warm up, and the engine's threads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    warmup_trajectories: int = Field(0, ge=0, description="warm-up chunks to wait for before valuing (0: none)")
+    warmup_batch: int = Field(32, gt=0, description="trajectories per forward during warm-up")
+    threads: int = Field(1, gt=0)
+    seed: int = 0
+    poll_interval_s: float = Field(0.05, gt=0)
+
+
+class CriticOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy_path: str | None = None
+
+
+class CriticActor(Actor):
+    role = "critic"
+    Options = CriticOptions
+
+    async def setup(self) -> None:
+        self.critic_config: CriticConfig = self.config.section("critic")
+        self.ppo_config: PPOConfig = self.config.section("ppo")
+        self.model_config: ModelConfig = self.config.section("model")
+        torch.set_num_threads(self.critic_config.threads)
+        run_dir = Path(self.ctx.run_dir)
+        self.event_log = EventLog.open(run_dir / "log", create=True)
+        self.checkpoint_path = run_dir / "checkpoints" / f"{self.name}.pt"
+        self.engine: TorchCritic | None = None
+        self.position: dict[str, int] | None = None
+        self.warmed = False
+        self.warmup_trials: set[str] = set()
+        self.warmup_chunks = 0
+        self.waiting: list[str] = []  # admitted before warm-up: valued right after it
+        self._lock = trio.Lock()
+        self._engine_ready = trio.Event()
+
+    def status(self) -> dict[str, float]:
+        return {"critic_version": float(self.engine.version if self.engine else -1), "warmed": float(self.warmed),
+                "waiting": float(len(self.waiting))}
+
+    async def run(self) -> None:
+        await trio.to_thread.run_sync(self._build_engine)
+        self._engine_ready.set()
+        cursor = self.event_log.cursor(self.position, kinds=["trial_issued", "trajectory", "staleness_decision",
+                                                             "learner_step"])
+        async for events in cursor.atail(interval=self.critic_config.poll_interval_s):
+            async with self._lock:
+                for _, event in events:
+                    await self._on_event(event, cursor)
+                if not self.warmed and self.warmup_chunks >= self.critic_config.warmup_trajectories:
+                    await self._warmup(cursor)
+
+    async def _on_event(self, event, cursor) -> None:
+        if isinstance(event, TrialIssued) and event.split == "warmup":
+            self.warmup_trials.add(event.trial_id)
+        elif isinstance(event, TrajectoryAssembled) and event.trial_id in self.warmup_trials:
+            self.warmup_chunks += 1
+        elif isinstance(event, StalenessDecision) and event.decision == "admit":
+            if self.warmed:
+                await self._value(event.trial_id)
+            else:
+                self.waiting.append(event.trial_id)
+        elif isinstance(event, LearnerStep) and self.warmed:
+            await self._update(event, cursor)
+
+    @handles(Generic)
+    async def generic(self, request: Generic) -> Ack:
+        if request.op != "critic_warmup":
+            raise ValueError(f"critic: unknown op {request.op!r} (known: critic_warmup)")
+        await self._engine_ready.wait()
+        async with self._lock:
+            await self._warmup(None)
+        return Ack(detail=f"critic warmed on {self.warmup_chunks} chunks")
+
+    # ---- the three jobs ---------------------------------------------------------------------------
+    async def _value(self, trial_id: str) -> None:
+        chunks, logged = trial_records(e for _, e in await self.event_log.aby_trial(trial_id))
+        for chunk in chunks:
+            done = logged.get((chunk.trial_id, chunk.chunk))
+            if done is not None and done.critic_version == self.engine.version:
+                continue  # already valued by this very critic (a restart replays the cursor's tail)
+            values = await trio.to_thread.run_sync(self.engine.critic_values, chunk)
+            await self.log(values, commit=False)
+        await self.commit()
+
+    async def _warmup(self, cursor) -> None:
+        trajectories = []
+        for trial in sorted(self.warmup_trials):
+            trajectories += trial_records(e for _, e in await self.event_log.aby_trial(trial))[0]
+        if trajectories:
+            size = self.critic_config.warmup_batch
+            batches = [self._collate(trajectories[i:i + size]) for i in range(0, len(trajectories), size)]
+            report = await trio.to_thread.run_sync(self.engine.warmup, batches)
+            await self.log(report.event())
+            self.logger.info("critic_warmup", trajectories=report.trajectories,
+                             ev_before=report.explained_variance_before, ev_after=report.explained_variance_after)
+        self.warmed = True
+        waiting, self.waiting = self.waiting, []
+        for trial in waiting:
+            await self._value(trial)
+        if cursor is not None:
+            await self._checkpoint(cursor.position)
+
+    async def _update(self, step: LearnerStep, cursor) -> None:
+        chunks, values = [], {}
+        for trial in step.trials:
+            c, v = trial_records(e for _, e in await self.event_log.aby_trial(trial))
+            chunks += c
+            values.update(v)
+        missing = [c.trial_id for c in chunks if (c.trial_id, c.chunk) not in values]
+        if not chunks or missing:
+            self.logger.warning("critic_update_skipped", step=step.step, missing_values=missing[:5])
+            return
+        metrics = await trio.to_thread.run_sync(self.engine.update, self._collate(chunks, values))
+        self.logger.info("critic_update", step=step.step, critic_version=self.engine.version, **metrics)
+        await self._checkpoint(cursor.position)
+
+    def _collate(self, trajectories, values=None):
+        return collate(trajectories, values, num_layers=self.model_config.num_layers,
+                       top_k=self.model_config.top_k, require_routing=False)
+
+    # ---- engine and checkpoints -------------------------------------------------------------------
+    def _build_engine(self) -> None:
+        if self.options.policy_path:
+            policy = MoEPolicy.load(self.options.policy_path)
+        else:
+            published = [e for _, e in self.event_log.events(kinds=["weights_published"])]
+            if published:
+                policy = MoEPolicy.load(max(published, key=lambda e: e.version).location)
+            else:
+                torch.manual_seed(self.critic_config.seed)
+                policy = MoEPolicy(self.model_config)
+        cfg = self.ppo_config
+        model = ValueModel.from_policy(policy) if cfg.value_init_from_policy else ValueModel(policy.config)
+        self.engine = TorchCritic(model, cfg, seed=self.critic_config.seed)
+        if self.checkpoint_path.is_file():
+            state = torch.load(self.checkpoint_path, weights_only=True)
+            self.engine.load_state_dict(state["critic"])
+            blob = json.loads(cursor_bytes(state["cursor"]).decode())
+            self.position, self.warmed = blob["position"], blob["warmed"]
+            self.warmup_trials, self.warmup_chunks = set(blob["warmup_trials"]), blob["warmup_chunks"]
+            self.waiting = blob["waiting"]
+
+    async def _checkpoint(self, position: dict[str, int]) -> None:
+        blob = json.dumps({"position": position, "warmed": self.warmed, "warmup_trials": sorted(self.warmup_trials),
+                           "warmup_chunks": self.warmup_chunks, "waiting": self.waiting}).encode()
+        state = {"critic": self.engine.state_dict(), "cursor": cursor_tensor(blob)}
+
+        def write() -> None:
+            self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.checkpoint_path.with_name(self.checkpoint_path.name + ".tmp")
+            torch.save(state, tmp)
+            tmp.replace(self.checkpoint_path)
+
+        await trio.to_thread.run_sync(write)

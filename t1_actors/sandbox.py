@@ -1,0 +1,130 @@
+"""The sandbox actor: one isolated workspace per trial, one logged ``SandboxExec`` per tool call.
+
+- ``SandboxOpen(trial_id, task_id)`` -> Ack with the build report (the task comes from the run's
+  ``[tasks]`` sets); an environment that cannot be built is an ErrorReply ``SandboxBuildError`` /
+  ``SandboxInfraError``, never a task failure.
+- ``ExecRequest(trial_id, turn, command, timeout_s)`` -> the ``SandboxExec`` event (also appended to the
+  log): exit code, capped stdout/stderr with truncation flags, duration, timeout; a failure of the
+  sandbox machinery itself comes back as ``infra_error`` on the event (exit code -1).
+- ``SandboxClose(trial_id)`` -> Ack; the trial's root is torn down.
+- ``Cancel(trial_id | '*')``: the running command is killed and the sandbox closed.
+
+Backends (``[sandbox] backend``): ``local`` (bubblewrap over overlayfs, default) or ``daytona``. The
+verifier actor reads a local trial's final root from the shared disk (``[sandbox.local] base_dir``,
+same host, before ``SandboxClose``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas import Ack, Cancel, ExecRequest, SandboxClose, SandboxExec, SandboxOpen
+
+from .backends.daytona_sandbox import DaytonaSandboxConfig
+from .backends.local_sandbox import LocalSandboxConfig, SandboxInfraError
+from .config import section
+from .runtime.actor import Actor, handles
+
+
+@section("sandbox")
+class SandboxConfig(BaseModel):
+    """The run's ``[sandbox]`` section: which backend, and each backend's settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["local", "daytona"] = "local"
+    local: LocalSandboxConfig = Field(default_factory=LocalSandboxConfig)
+    daytona: DaytonaSandboxConfig = Field(default_factory=DaytonaSandboxConfig)
+
+
+def open_backend(config: SandboxConfig) -> Any:
+    """The configured backend (blocking: run it in a thread)."""
+    if config.backend == "daytona":
+        from .backends.daytona_sandbox import DaytonaSandboxBackend
+
+        return DaytonaSandboxBackend(config.daytona)
+    from .backends.local_sandbox import LocalSandboxBackend
+
+    return LocalSandboxBackend(config.local)
+
+
+class SandboxActor(Actor):
+    role = "sandbox"
+
+    async def setup(self) -> None:
+        from .tasks import build_task_sets
+
+        self.sandbox_config: SandboxConfig = self.config.section("sandbox")
+        self.tasks = await trio.to_thread.run_sync(build_task_sets, self.config.section("tasks"))
+        self.backend = await trio.to_thread.run_sync(open_backend, self.sandbox_config)
+        self.sandboxes: dict[str, Any] = {}
+        self._execs = 0
+        self.logger.info("sandbox_ready", backend=self.sandbox_config.backend, tasks=len(self.tasks.by_id))
+
+    async def teardown(self) -> None:
+        backend = getattr(self, "backend", None)
+        if backend is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(backend.close)
+
+    def status(self) -> dict[str, float]:
+        return {"open_sandboxes": float(len(getattr(self, "sandboxes", {}))), "execs": float(getattr(self, "_execs", 0))}
+
+    @handles(SandboxOpen)
+    async def open(self, request: SandboxOpen) -> Ack:
+        if request.trial_id in self.sandboxes:
+            raise SandboxInfraError(f"trial {request.trial_id} already has an open sandbox; close it first")
+        task = self.tasks.get(request.task_id)
+        sandbox = await trio.to_thread.run_sync(self.backend.open, task, request.trial_id)
+        self.sandboxes[request.trial_id] = sandbox
+        build = sandbox.build
+        return Ack(detail=json.dumps({"base_image": build.base_image, "unhonoured": build.unhonoured,
+                                      "cached": build.cached, "build_s": round(build.duration_s, 3)}))
+
+    @handles(ExecRequest)
+    async def execute(self, request: ExecRequest) -> SandboxExec:
+        sandbox = self.sandboxes.get(request.trial_id)
+        fields: dict[str, Any] = dict(trial_id=request.trial_id, turn=request.turn, command=request.command)
+        if sandbox is None:
+            event = SandboxExec(**fields, exit_code=-1, stdout="", stderr="", duration_s=0.0,
+                                infra_error=f"no open sandbox for trial {request.trial_id}; send SandboxOpen first")
+        else:
+            try:
+                # a cancelled caller abandons the thread; Cancel kills the command itself (see cancel())
+                result = await trio.to_thread.run_sync(sandbox.exec, request.command, request.timeout_s,
+                                                       abandon_on_cancel=True)
+                event = SandboxExec(**fields, exit_code=result.exit_code, stdout=result.stdout, stderr=result.stderr,
+                                    stdout_truncated=result.stdout_truncated, stderr_truncated=result.stderr_truncated,
+                                    duration_s=result.duration_s, timed_out=result.timed_out)
+            except SandboxInfraError as exc:
+                event = SandboxExec(**fields, exit_code=-1, stdout="", stderr="", duration_s=0.0, infra_error=str(exc))
+        self._execs += 1
+        await self.log(event)
+        return event
+
+    @handles(SandboxClose)
+    async def close(self, request: SandboxClose) -> Ack:
+        sandbox = self.sandboxes.pop(request.trial_id, None)
+        if sandbox is None:
+            return Ack(detail="already closed")
+        await trio.to_thread.run_sync(sandbox.close)
+        return Ack(detail="closed")
+
+    @handles(Cancel)
+    async def cancel(self, request: Cancel) -> Ack:
+        trial_ids = list(self.sandboxes) if request.trial_id == "*" else [request.trial_id]
+        closed = 0
+        for trial_id in trial_ids:
+            sandbox = self.sandboxes.pop(trial_id, None)
+            if sandbox is None:
+                continue
+            interrupt = getattr(sandbox, "interrupt", None)
+            if interrupt is not None:
+                await trio.to_thread.run_sync(interrupt)
+            await trio.to_thread.run_sync(sandbox.close)
+            closed += 1
+        return Ack(detail=f"closed {closed} sandbox(es)")

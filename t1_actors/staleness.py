@@ -1,0 +1,196 @@
+"""The staleness controller actor: issues trials, admits or drops them by policy lag, cuts the tail.
+
+It drives the campaign's schedule, each phase skipped on restart when the log shows it done:
+eval of the SFT policy ("before"), warm-up trials and the critic's warm-up, asynchronous PPO for
+``[campaign] rl_seconds``, and a final eval ("after"). Trials reach the sampler, sandbox and verifier
+actors through ``ActorPorts``; the orchestration itself is ``t1_actors.trials`` and the admission rules
+``t1_actors.admission``. It learns the learner's version by tailing the log for ``WeightsPublished``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+import numpy as np
+import trio
+
+from schemas import (
+    Cancel, EvalResult, GenerateRequest, Generic, SandboxClose, SandboxExec, SandboxOpen, VerifierResult,
+    VerifyRequest, WeightsPublished,
+)
+from storage import EventLog
+
+from .admission import StalenessConfig
+from .campaign import CampaignConfig, tokenizer_path
+from .config import section
+from .policy.tokenizer import load_tokenizer, special_token_ids
+from .rollout import Generation, ToolOutcome
+from .runtime.actor import Actor
+from .tasks import TasksConfig, build_task_sets
+from .trials import BatchStats, TrialRunner, run_batches, run_eval, run_warmup
+
+section("staleness")(StalenessConfig)
+section("campaign")(CampaignConfig)
+section("tasks")(TasksConfig)
+
+
+class ActorPorts:
+    """``TrialPorts`` over the runtime: the sampler, sandbox and verifier actors, and this actor's log."""
+
+    def __init__(self, actor: "StalenessActor", campaign: CampaignConfig, stop_id: int):
+        self.actor, self.campaign, self.stop_id = actor, campaign, stop_id
+        self.deadline = actor.config.transport.control_deadline_s
+
+    async def open_sandbox(self, trial_id: str, task_id: str) -> None:
+        await self.actor.peer("sandbox").call_bulk(SandboxOpen(trial_id=trial_id, task_id=task_id))
+
+    async def execute(self, trial_id: str, turn: int, command: str) -> ToolOutcome:
+        reply = await self.actor.peer("sandbox").call_bulk(
+            _exec_request(trial_id, turn, command, self.actor.tasks.get_timeout(trial_id)))
+        if not isinstance(reply, SandboxExec):
+            raise TypeError(f"sandbox answered {type(reply).__name__} to an exec request")
+        return ToolOutcome(reply.exit_code, reply.stdout + reply.stderr, reply.infra_error)
+
+    async def close_sandbox(self, trial_id: str) -> None:
+        with trio.move_on_after(30):
+            await self.actor.peer("sandbox").call_bulk(SandboxClose(trial_id=trial_id))
+
+    async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray) -> Generation:
+        c = self.campaign
+        reply = await self.actor.peer("sampler").call_bulk(GenerateRequest(
+            trial_id=trial_id, turn=turn, input_ids=prompt_ids, max_new_tokens=c.max_new_tokens,
+            temperature=self.actor.temperature, top_p=self.actor.top_p, stop_ids=[self.stop_id],
+            policy_version_wanted=self.actor.version))
+        return Generation(reply.output_ids, reply.logprobs, reply.routing, reply.policy_version, reply.finish_reason)
+
+    async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
+        message = Cancel(trial_id=trial_id, reason="batch full")
+        await self.actor.peer("sampler").broadcast(message)
+        if sandbox_id is not None:
+            await self.actor.peer("sandbox").broadcast(Cancel(trial_id=sandbox_id, reason="batch full"))
+
+    async def verify(self, trial_id: str, task_id: str) -> VerifierResult:
+        reply = await self.actor.peer("verifier").call_bulk(VerifyRequest(trial_id=trial_id, task_id=task_id))
+        if not isinstance(reply, VerifierResult):
+            raise TypeError(f"verifier answered {type(reply).__name__} to a verify request")
+        return reply
+
+    async def log(self, *events) -> None:
+        for event in events:
+            await self.actor.log(event, commit=False)
+        await self.actor.commit()
+
+    def learner_version(self) -> int:
+        return self.actor.version
+
+
+def _exec_request(trial_id: str, turn: int, command: str, timeout_s: float):
+    from schemas import ExecRequest
+
+    return ExecRequest(trial_id=trial_id, turn=turn, command=command, timeout_s=timeout_s)
+
+
+class _TaskIndex(dict):
+    """Tasks by id, plus the per-command timeout of the task a trial plays."""
+
+    trial_task: dict[str, str]
+
+    def get_timeout(self, trial_id: str) -> float:
+        task_id = self.trial_task.get(trial_id)
+        return self[task_id].limits.command_timeout_s if task_id in self else 10.0
+
+
+class StalenessActor(Actor):
+    role = "staleness"
+
+    async def setup(self) -> None:
+        self.campaign: CampaignConfig = self.config.section("campaign")
+        self.staleness: StalenessConfig = self.config.section("staleness")
+        sampler = self.config.section("sampler")
+        self.temperature, self.top_p = sampler.temperature, sampler.top_p
+        sets = await trio.to_thread.run_sync(build_task_sets, self.config.section("tasks"))
+        self.train_ids = [t.id for t in sets.train]
+        self.eval_ids = [t.id for t in sets.eval]
+        self.tasks = _TaskIndex(sets.by_id)
+        self.tasks.trial_task = {}
+        self.tokenizer = load_tokenizer(tokenizer_path(self.ctx.run_dir))
+        self.reader = EventLog.open(self.ctx.run_dir / "log")
+        self.version = 0
+        self.version_changed = trio.Event()
+        self.stats = BatchStats()
+
+    def status(self) -> dict[str, float]:
+        return {"policy_version": float(self.version), "admitted": float(self.stats.admitted),
+                "dropped": float(self.stats.dropped), "cancelled": float(self.stats.cancelled)}
+
+    async def _follow_versions(self) -> None:
+        """Tail the log for published weights: the learner's version is the newest one."""
+        cursor = self.reader.cursor(kinds=["weights_published"])
+        while True:
+            for _event_id, event in await cursor.apoll():
+                if isinstance(event, WeightsPublished) and event.version > self.version:
+                    self.version = event.version
+                    self.version_changed.set()
+                    self.version_changed = trio.Event()
+            await trio.sleep(0.2)
+
+    async def _events(self, kind: str) -> list:
+        return await trio.to_thread.run_sync(lambda: list(self.reader.events(kinds=[kind])))
+
+    async def wait_for_version(self, version: int, until) -> None:
+        while self.version < version and not until():
+            with trio.move_on_after(1.0):
+                await self.version_changed.wait()
+
+    async def run(self) -> None:
+        stop_id = special_token_ids(self.tokenizer)["<|im_end|>"]
+        ports = ActorPorts(self, self.campaign, stop_id)
+        runner = _TrackingRunner(ports, self.tasks, self.tokenizer, self.campaign.rollout_limits(),
+                                 run_tag=f"{self.ctx.run_id}-{self.name}-{int(time.time()) % 100000}")
+        done = {e.label for _, e in await self._events("eval_result")}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._follow_versions)
+            if "before" not in done:
+                self.logger.info("phase", phase="eval_before", n=len(self.eval_ids))
+                await run_eval(runner, self.eval_ids, label="before", concurrency=self.campaign.eval_concurrency)
+            if self.campaign.warmup_trials and not await self._events("critic_warmup"):
+                self.logger.info("phase", phase="warmup", n=self.campaign.warmup_trials)
+                rng = random.Random(self.campaign.seed + 1)
+                warm_ids = rng.sample(self.train_ids, min(self.campaign.warmup_trials, len(self.train_ids)))
+                trial_ids = await run_warmup(runner, warm_ids, concurrency=self.campaign.eval_concurrency)
+                await self.peer("critic").call_bulk(Generic(op="critic_warmup", args={"trial_ids": trial_ids}))
+            if "after" not in done:
+                self.logger.info("phase", phase="rl", seconds=self.campaign.rl_seconds)
+                rng = random.Random(self.campaign.seed + 2)
+                order = itertools.cycle(rng.sample(self.train_ids, len(self.train_ids)))
+                end = trio.current_time() + self.campaign.rl_seconds
+
+                def until() -> bool:
+                    return trio.current_time() >= end
+
+                await run_batches(runner, lambda: next(order), self.staleness, until=until,
+                                  wait_for_learner=lambda v: self.wait_for_version(v, until), stats=self.stats)
+                # Let the learner finish the batches already admitted before the final eval.
+                target = self.stats.batches
+                with trio.move_on_after(self.campaign.finish_timeout_s / 2):
+                    await self.wait_for_version(target, lambda: False)
+                self.logger.info("phase", phase="eval_after", policy_version=self.version,
+                                 bias=self.stats.bias.summary())
+                await run_eval(runner, self.eval_ids, label="after", concurrency=self.campaign.eval_concurrency)
+            nursery.cancel_scope.cancel()
+        self.logger.info("campaign_schedule_done", policy_version=self.version)
+
+
+class _TrackingRunner(TrialRunner):
+    """Remembers which task each trial plays (the sandbox call needs its per-command timeout)."""
+
+    def new_trial_id(self, split: str) -> str:
+        return super().new_trial_id(split)
+
+    async def play(self, trial_id, task_id, **kwargs):
+        self.tasks.trial_task[trial_id] = task_id
+        if kwargs.get("sandbox_id"):
+            self.tasks.trial_task[kwargs["sandbox_id"]] = task_id
+        return await super().play(trial_id, task_id, **kwargs)

@@ -1,0 +1,65 @@
+"""The verifier actor: ``VerifyRequest(trial_id, task_id)`` -> the ``VerifierResult`` event (appended to
+the log and sent back), from ``t1_actors.verification``.
+
+The trial's final root is found on the shared disk: the sandbox actor's local backend records each open
+trial's layers under ``[sandbox.local] base_dir`` (``locate_trial``), so the verifier runs on the
+sandbox's host and is asked before ``SandboxClose``. An infrastructure failure (no such trial, a broken
+verifier store, a missing test dependency) is a ``VerifierResult`` with ``infra_error`` set and reward 0:
+the consumer drops it, never trains on it.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from schemas import VerifierResult, VerifyRequest
+
+from .backends.local_sandbox import SandboxInfraError, locate_trial
+from .ppo import REWARD_SCALE
+from .runtime.actor import Actor, handles
+from .verification import Verifier, VerifierConfig
+
+
+class VerifierActor(Actor):
+    role = "verifier"
+
+    async def setup(self) -> None:
+        from .sandbox import SandboxConfig
+        from .tasks import build_task_sets
+
+        self.verifier_config: VerifierConfig = self.config.section("verifier")
+        sandbox_config: SandboxConfig = self.config.section("sandbox")
+        if sandbox_config.backend != "local":
+            raise SandboxInfraError(f"the verifier reads trial roots of the local sandbox backend; [sandbox] backend "
+                                    f"is {sandbox_config.backend!r} (verification inside Daytona is not implemented)")
+        self.sandbox_dir = sandbox_config.local.base_dir
+        self.tasks = await trio.to_thread.run_sync(build_task_sets, self.config.section("tasks"))
+        self.verifier = Verifier(self.verifier_config)
+        self._done = 0
+        self._infra = 0
+
+    async def teardown(self) -> None:
+        verifier = getattr(self, "verifier", None)
+        if verifier is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(verifier.close)
+
+    def status(self) -> dict[str, float]:
+        return {"verified": float(getattr(self, "_done", 0)), "infra_errors": float(getattr(self, "_infra", 0))}
+
+    @handles(VerifyRequest)
+    async def verify(self, request: VerifyRequest) -> VerifierResult:
+        try:
+            task = self.tasks.get(request.task_id)
+            trial = locate_trial(self.sandbox_dir, request.trial_id)
+        except (KeyError, SandboxInfraError) as exc:
+            event = VerifierResult(trial_id=request.trial_id, task_id=request.task_id, tests={}, passed=0, total=0,
+                                   reward=0.0, reward_scale=REWARD_SCALE, verifier_sha256="",
+                                   infra_error=str(exc).strip("'\""))
+        else:
+            outcome = await trio.to_thread.run_sync(self.verifier.verify, task, trial)
+            event = outcome.to_event()
+        self._done += 1
+        self._infra += event.infra_error is not None
+        await self.log(event)
+        return event

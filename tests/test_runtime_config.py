@@ -1,0 +1,138 @@
+"""Run config validation: clear errors before any process starts."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from t1_actors import cli
+from t1_actors.config import ConfigError, load_config, parse_config, section
+from t1_actors.runtime.roles import actor_class
+
+KEY = "k" * 32
+
+
+def cfg(**over):
+    data = {"run": {"id": "t", "dir": "/tmp/t1-cfg-test", "hmac_key": KEY},
+            "actors": [{"name": "s0", "role": "sampler"}, {"name": "l0", "role": "learner"}]}
+    data.update(over)
+    return data
+
+
+def test_defaults_and_derived_addresses():
+    config = parse_config(cfg())
+    s0 = config.actor("s0")
+    assert config.control_address(s0) == "ipc:///tmp/t1-cfg-test/sock/s0"
+    assert config.bulk_address(s0) == "ipc:///tmp/t1-cfg-test/sock/s0.bulk"
+    assert config.supervisor_address.endswith("/sock/supervisor")
+    assert [s.name for s in config.actors_of("sampler")] == ["s0"]
+    assert config.hmac_key() == KEY.encode()
+    assert config.section("model").num_experts == 8  # registered lazily, defaults when absent
+
+
+def test_tcp_bulk_address_is_port_plus_one():
+    config = parse_config(cfg(actors=[{"name": "a", "role": "sampler", "address": "tcp://10.0.0.1:7000"}]))
+    assert config.bulk_address(config.actor("a")) == "tcp://10.0.0.1:7001"
+
+
+@pytest.mark.parametrize("data, needle", [
+    (cfg(run={"id": "t", "dir": "/tmp/x", "colour": "red"}), "run.colour: unknown key"),
+    (cfg(transport={"control_deadline_s": "soon"}), "transport.control_deadline_s"),
+    (cfg(transport={"heartbeat_interval_s": 5, "heartbeat_timeout_s": 1}), "must exceed"),
+    (cfg(actors=[{"role": "sampler"}]), "actors.0.name: missing required key"),
+    (cfg(actors=[{"name": "a", "role": "sampler"}, {"name": "a", "role": "learner"}]), "duplicate actor name 'a'"),
+    (cfg(actors=[{"name": "a", "role": "sampler", "address": "tcp://h:1000"},
+                 {"name": "b", "role": "sampler", "address": "tcp://h:1000"}]), "duplicate address 'tcp://h:1000'"),
+    (cfg(actors=[{"name": "a", "role": "sampler", "address": "tcp://h:1000"},
+                 {"name": "b", "role": "sampler", "address": "tcp://h:1001"}]), "duplicate address 'tcp://h:1001'"),
+    (cfg(actors=[{"name": "a", "role": "sampler", "address": "http://h:1000"}]), "must start with one of"),
+    (cfg(actors=[{"name": "a", "role": "sampler", "address": "tcp://h"}]), "tcp://HOST:PORT"),
+    (cfg(actors=[{"name": "a", "role": "sampler", "address": "tcp://h:x:1"}]), "tcp://HOST:PORT"),
+    (cfg(actors=[{"name": "a", "role": "Bad Role"}]), "actors.0.role"),
+    (cfg(galaxy={"x": 1}), "unknown section [galaxy]"),
+    (cfg(model={"num_experts": 4, "top_k": 8}), "top_k (8) must be <= num_experts (4)"),
+    (cfg(model={"hidden": 3}), "[model] hidden: unknown key"),
+    (cfg(run={"id": "t", "dir": "/tmp/x", "hmac_key": "short"}), "at least 16 characters"),
+])
+def test_config_errors_name_the_problem(data, needle):
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "run.toml")
+    assert needle in str(err.value)
+    assert str(err.value).startswith("run.toml: ")
+
+
+def test_registered_section():
+    @section("runtime_test_section")
+    class Thing(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        size: int = 3
+
+    assert parse_config(cfg()).section("runtime_test_section").size == 3
+    assert parse_config(cfg(runtime_test_section={"size": 5})).section("runtime_test_section").size == 5
+    with pytest.raises(ConfigError, match="runtime_test_section"):
+        parse_config(cfg(runtime_test_section={"size": "big"}))
+
+
+def test_missing_key(monkeypatch):
+    monkeypatch.delenv("T1_RUN_KEY", raising=False)
+    config = parse_config(cfg(run={"id": "t", "dir": "/tmp/x"}))
+    with pytest.raises(ConfigError, match="T1_RUN_KEY"):
+        config.hmac_key()
+    monkeypatch.setenv("T1_RUN_KEY", "e" * 20)
+    assert config.hmac_key() == b"e" * 20
+
+
+def test_toml_file_errors(tmp_path):
+    bad = tmp_path / "run.toml"
+    bad.write_text("[run\nid = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    bad.write_text(textwrap.dedent("""
+        [run]
+        id = "x"
+        dir = "/tmp/x"
+        [[actors]]
+        name = "a"
+        role = "sampler"
+        adress = "tcp://h:1"
+    """))
+    with pytest.raises(ConfigError, match=r"actors\.0\.adress: unknown key"):
+        load_config(bad)
+
+
+def test_roles_resolve_lazily_with_clear_errors():
+    config = parse_config(cfg(actors=[{"name": "a", "role": "nosuchrole"},
+                                      {"name": "b", "role": "echo", "actor_class": "no_such_module_xyz:Echo"},
+                                      {"name": "c", "role": "echo", "actor_class": "test_runtime_actors:EchoActor",
+                                       "options": {"x": 1}},
+                                      {"name": "d", "role": "wrong", "actor_class": "test_runtime_actors:EchoActor"}]))
+    with pytest.raises(ConfigError, match="unknown role 'nosuchrole'"):
+        actor_class(config.actor("a"))
+    with pytest.raises(ConfigError, match="module no_such_module_xyz does not exist"):
+        actor_class(config.actor("b"))
+    with pytest.raises(ConfigError, match="takes no options"):
+        actor_class(config.actor("c")).validate_options(config.actor("c"))
+    with pytest.raises(ConfigError, match="plays 'echo'"):
+        actor_class(config.actor("d"))
+
+
+def test_cli_reports_config_errors(tmp_path, capsys):
+    path = tmp_path / "run.toml"
+    path.write_text('[run]\nid = "x"\ndir = "/tmp/x"\n[[actors]]\nname = "a"\nrole = "echo"\n'
+                    'actor_class = "test_runtime_actors:EchoActor"\n[[actors]]\nname = "a"\nrole = "echo"\n')
+    assert cli.main(["check", "--config", str(path)]) == 2
+    assert "duplicate actor name 'a'" in capsys.readouterr().err
+    assert cli.main(["launch", "--config", str(path)]) == 2
+
+
+def test_cli_help_lists_roles(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for role in ("sampler", "sandbox", "verifier", "critic", "learner", "staleness", "launch"):
+        assert role in out
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert "t1 0.1.0" in capsys.readouterr().out
