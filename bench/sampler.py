@@ -2,6 +2,9 @@
 
     python bench/sampler.py [--batch 32] [--new-tokens 64] [--repeats 5] [--threads 1]
 
+Also: a multi-turn rollout (each turn's prompt = the conversation so far + a tool response) with the
+per-session prefix cache vs without (``prefix_cache_speedup``, generated tokens per CPU second).
+
 Runs alternate (capture, no capture, capture, ...) so that machine noise hits both alike; each side's
 figure is its best run, timed in process CPU seconds (robust on a shared machine; with one torch
 thread CPU time is the compute time) and, for reference, in wall seconds. Prints a table, then one JSON line with ``capture_overhead`` (1 - with/without)
@@ -19,7 +22,7 @@ import torch
 
 from schemas import routing_dtype
 from t1_actors.policy import ModelConfig, MoEPolicy
-from t1_actors.policy.sampling import SamplingParams, generate
+from t1_actors.policy.sampling import ContinuousBatcher, SamplingParams, generate
 from t1_actors.policy.tokenizer import default_tokenizer, generic_shell_chats
 
 
@@ -40,6 +43,23 @@ def _run(model, prompts, params, capture: bool) -> tuple[float, float, int, list
     generations = generate(model, prompts, params, capture_routing=capture, max_batch=len(prompts))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     return cpu, wall, sum(len(g.output_ids) for g in generations), generations
+
+
+def _multi_turn(model, prompts, params, prefix_cache_tokens: int, turns: int = 3) -> tuple[float, int]:
+    """Every prompt is a session of ``turns`` turns; tool responses are fixed token runs."""
+    batcher = ContinuousBatcher(model, max_batch=len(prompts), prefix_cache_tokens=prefix_cache_tokens)
+    conversations = [list(p) for p in prompts]
+    cpu, tokens = time.process_time(), 0
+    for _ in range(turns):
+        keys = [batcher.add(c, sp, session=str(i)) for i, (c, sp) in enumerate(zip(conversations, params))]
+        results = {}
+        while batcher.busy:
+            results.update(batcher.step())
+        for i, key in enumerate(keys):
+            output = results[key].output_ids.tolist()
+            tokens += len(output)
+            conversations[i] += output + [7, 8, 9, 10, 11, 12, 13, 14]  # the tool's answer
+    return time.process_time() - cpu, tokens
 
 
 def main() -> None:
@@ -70,6 +90,13 @@ def main() -> None:
             best_wall[capture] = min(best_wall[capture], wall)
             tokens[capture] = n
             outputs[capture] = [g.output_ids for g in generations]
+    multi = {True: float("inf"), False: float("inf")}
+    turn_params = [p.model_copy(update={"max_new_tokens": 16}) for p in params]
+    for _ in range(max(1, args.repeats // 2)):
+        for cached in (True, False):
+            cpu, multi_tokens = _multi_turn(model, prompts, turn_params, 1 << 20 if cached else 0)
+            multi[cached] = min(multi[cached], cpu)
+    prefix_speedup = multi[False] / multi[True]
     same = all(np.array_equal(a, b) for a, b in zip(outputs[True], outputs[False]))
     with_capture = tokens[True] / best[True]
     without = tokens[False] / best[False]
@@ -83,13 +110,16 @@ def main() -> None:
         print(f"{label:>18} {tokens[capture] / best[capture]:>10.1f} {best[capture]:>10.3f} "
               f"{tokens[capture] / best_wall[capture]:>10.1f}")
     print(f"same sampled ids with and without capture: {same}")
+    print(f"3-turn rollouts ({multi_tokens} generated tokens): prefix cache {multi[True]:.3f} cpu s, "
+          f"without {multi[False]:.3f} cpu s -> x{prefix_speedup:.2f}")
     print(f"routing record: {config.num_layers} layers x k={config.top_k} x "
           f"{routing_dtype(config.num_experts).itemsize} B = {bytes_per_token} B per token")
     print(json.dumps({"capture_overhead": round(overhead, 4), "routing_bytes_per_token": bytes_per_token,
                       "tokens_per_s_with_capture": round(with_capture, 1),
                       "tokens_per_s_without_capture": round(without, 1), "timing": "process cpu seconds, best of repeats",
                       "batch": args.batch,
-                      "new_tokens": args.new_tokens, "same_outputs": same}))
+                      "new_tokens": args.new_tokens, "same_outputs": same,
+                      "prefix_cache_speedup": round(prefix_speedup, 2)}))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgpack
 import numpy as np
@@ -75,7 +75,6 @@ class Commit:
     ends: dict[str, int]  # array -> committed rows after this commit (arrays not named: unchanged)
     checksums: dict[str, list[tuple[int, int]]]  # array -> [(chunk index, crc32 of its committed rows)]
     time: float
-    extra: dict = field(default_factory=dict)
 
     def encode(self) -> bytes:
         body = msgpack.packb({

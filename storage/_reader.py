@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import zarr
 
-from schemas import Record, SchemaError, unpack  # noqa: F401  (Record: the type load returns)
+from schemas import Record, SchemaError, unpack
 from schemas.codec import from_wire
 
 from . import _store
@@ -53,8 +53,9 @@ class SegmentReader:
     def refresh(self) -> int:
         """Read commit records written since the last call; returns how many events became visible."""
         before = self.event_count
+        batch = 1  # an idle segment costs one lookup per refresh; a busy one is fetched in batches
         while True:
-            keys = [commit_key(self.writer_id, self.commit_count + i) for i in range(COMMIT_BATCH)]
+            keys = [commit_key(self.writer_id, self.commit_count + i) for i in range(batch)]
             blobs = _store.get_many(self._store, keys)
             for blob in blobs:
                 if blob is None:
@@ -62,6 +63,7 @@ class SegmentReader:
                 self._apply(self._decode_commit(blob))
             if any(blob is None for blob in blobs):
                 break
+            batch = COMMIT_BATCH
         self._index_new_events()
         return self.event_count - before
 

@@ -94,7 +94,7 @@ class SegmentWriter:
         self.writer_id = writer_id
         self._store = store
         self._config = config
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # aappend/acommit run in worker threads
         self._broken: str | None = None
         self._fsync = _store.Fsync(store, config.fsync)
         self._holder = _store.WriterLock(store, segment_dir(writer_id), writer_id)
@@ -258,19 +258,19 @@ class SegmentWriter:
 
     def close(self) -> None:
         """Commit what is pending (unless the writer failed) and release the segment."""
-        try:
-            if self._broken is None and self._holder is not None and self._pending_headers:
-                self.commit()
-        finally:
-            if self._holder is not None:
-                self._holder.release()
-                self._holder = None
+        with self._lock:
+            try:
+                if self._broken is None and self._holder is not None and self._pending_headers:
+                    self.commit()
+            finally:
+                self.abandon()
 
     def abandon(self) -> None:
         """Release the segment, dropping uncommitted events (what a crash would do)."""
-        if self._holder is not None:
-            self._holder.release()
-            self._holder = None
+        with self._lock:
+            if self._holder is not None:
+                self._holder.release()
+                self._holder = None
 
     def _check_usable(self) -> None:
         if self._holder is None:

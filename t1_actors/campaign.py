@@ -89,11 +89,11 @@ def warm_start(run_dir: Path, config, tasks, tokenizer, *, progress=None) -> tup
     from .tasks import oracle_trajectory
     from .warmstart import OracleProducer, supervised_finetune
 
-    campaign: CampaignConfig = config.campaign
+    campaign: CampaignConfig = config.section("campaign")
     torch.manual_seed(campaign.seed)
     torch.set_num_threads(campaign.sft_threads)
-    policy = MoEPolicy(config.model)
-    sandboxes = LocalSandboxBackend(config.sandbox.local)
+    policy = MoEPolicy(config.section("model"))
+    sandboxes = LocalSandboxBackend(config.section("sandbox").local)
 
     def execute_oracle(task) -> list[str] | None:
         try:

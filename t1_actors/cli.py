@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--config", required=True, help="the run's TOML config")
     launch.add_argument("--host", action="append", default=None,
                         help="treat actors with this host as local (repeatable; default: this machine's names)")
+    launch.add_argument("--quick", action="store_true",
+                        help="campaign configs: apply the [quick.*] overrides (the <= 5 min CI run)")
+    launch.add_argument("--run-dir", default=None, help="where the run goes (overrides [run] dir)")
     check = sub.add_parser("check", help="validate the config and every actor's class and options")
     check.add_argument("--config", required=True)
     sub.add_parser("run-task", help="run one task in a local sandbox and verify it (see run-task --help)",
@@ -95,7 +98,33 @@ def _check(args) -> int:
     return 0
 
 
+def _is_campaign(path: str) -> bool:
+    import tomllib
+
+    try:
+        return "campaign" in tomllib.loads(open(path).read())
+    except (OSError, tomllib.TOMLDecodeError):
+        return False  # load_config reports it properly
+
+
+def _campaign(args) -> int:
+    from .campaign import load_campaign_config, run_campaign
+    from .runtime.logs import configure_logging
+
+    config = load_campaign_config(args.config, quick=args.quick, run_dir=args.run_dir)
+    _check_classes(config, config.actors)
+    configure_logging(actor="campaign", role="campaign", run_id=config.run.id)
+    summary = run_campaign(config)
+    return 0 if summary.get("eval_after") is not None else 1
+
+
 def _launch(args) -> int:
+    if _is_campaign(args.config):
+        return _campaign(args)
+    from .config import ConfigError
+
+    if args.quick:
+        raise ConfigError(f"--quick needs a campaign config (one with a [campaign] section); {args.config} has none")
     import trio
 
     from .config import load_config
@@ -123,7 +152,6 @@ def _launch(args) -> int:
 def _run_one(role: str, args) -> int:
     from .config import ConfigError, load_config
     from .runtime.host import run_actor_process
-    from .runtime.process import die_with_parent
     from .runtime.roles import actor_class
     from .runtime.supervisor import SUPERVISOR_PID_ENV
 
@@ -141,9 +169,7 @@ def _run_one(role: str, args) -> int:
     cls = actor_class(spec)
     cls.validate_options(spec)
     parent = os.environ.get(SUPERVISOR_PID_ENV)
-    if parent:
-        die_with_parent(int(parent))
-    return run_actor_process(cls, config, spec.name)
+    return run_actor_process(cls, config, spec.name, supervisor_pid=int(parent) if parent else None)
 
 
 if __name__ == "__main__":

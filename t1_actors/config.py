@@ -38,6 +38,15 @@ MIN_KEY_CHARS = 16
 KNOWN_SECTIONS: dict[str, str] = {
     "model": "t1_actors.policy.config:ModelConfig",
     "storage": "storage.config:StorageConfig",
+    "tasks": "t1_actors.tasks.config:TasksConfig",
+    "sampler": "t1_actors.backends.sampler_backend:SamplerConfig",
+    "sandbox": "t1_actors.sandbox:SandboxConfig",
+    "verifier": "t1_actors.verification:VerifierConfig",
+    "ppo": "t1_actors.ppo:PPOConfig",
+    "learner": "t1_actors.learner:LearnerConfig",
+    "critic": "t1_actors.critic:CriticConfig",
+    "staleness": "t1_actors.admission:StalenessConfig",
+    "campaign": "t1_actors.campaign:CampaignConfig",
 }
 _REGISTERED: dict[str, type[BaseModel]] = {}
 _OWN_SECTIONS = ("run", "transport", "supervisor", "actors")

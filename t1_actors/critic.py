@@ -1,10 +1,12 @@
 """The critic actor: the value model. Warm-up, values for GAE, the clipped value loss after each step.
 
 Data path (everything through the run's log, read with a cursor):
-- warm-up: before it values any training trajectory, the critic fits one epoch (``[ppo]
-  critic_warmup_epochs``) on the offline trajectories of warm-up trials (``TrialIssued(split="warmup")``),
-  once ``[critic] warmup_trajectories`` of their chunks are in the log (0: no waiting) or when asked with
-  ``Generic(op="critic_warmup")``; it appends ``CriticWarmup`` with explained variance before and after;
+- warm-up: with ``[critic] warmup_trajectories = N > 0`` the critic values no training trajectory before
+  it has fitted one epoch (``[ppo] critic_warmup_epochs``) on the offline trajectories of warm-up trials
+  (``TrialIssued(split="warmup")``). The warm-up runs when asked, ``Generic(op="critic_warmup",
+  args={"trial_ids": [...]})`` (the staleness controller, once its warm-up trials are logged), or by
+  itself once N warm-up trials have trajectories in the log, whichever comes first; only once. It
+  appends ``CriticWarmup`` with explained variance before and after. N = 0: no warm-up;
 - every admitted trial (``StalenessDecision(decision="admit")``): ``CriticValues`` for each chunk;
 - every ``LearnerStep``: one update on that step's trajectories with the clipped value loss, whose
   V_old are the values this critic logged for them (those the learner used for GAE).
@@ -34,7 +36,6 @@ from .policy.value import ValueModel
 from .ppo import PPOConfig
 from .runtime.actor import Actor, handles
 
-section("ppo")(PPOConfig)
 
 
 @section("critic")
@@ -43,7 +44,7 @@ class CriticConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    warmup_trajectories: int = Field(0, ge=0, description="warm-up chunks to wait for before valuing (0: none)")
+    warmup_trajectories: int = Field(0, ge=0, description="warm-up trials to expect before valuing (0: no warm-up)")
     warmup_batch: int = Field(32, gt=0, description="trajectories per forward during warm-up")
     threads: int = Field(1, gt=0)
     seed: int = 0
@@ -70,11 +71,12 @@ class CriticActor(Actor):
         self.checkpoint_path = run_dir / "checkpoints" / f"{self.name}.pt"
         self.engine: TorchCritic | None = None
         self.position: dict[str, int] | None = None
-        self.warmed = False
-        self.warmup_trials: set[str] = set()
-        self.warmup_chunks = 0
+        self.warmed = self.critic_config.warmup_trajectories == 0
+        self.warmup_trials: set[str] = set()  # issued as warm-up trials
+        self.warmup_logged: set[str] = set()  # ... whose trajectories are in the log
         self.waiting: list[str] = []  # admitted before warm-up: valued right after it
-        self._lock = trio.Lock()
+        self._lock = trio.Lock()  # the event loop and the warm-up request take turns
+        self._changed = False  # the model changed since the last checkpoint
         self._engine_ready = trio.Event()
 
     def status(self) -> dict[str, float]:
@@ -89,22 +91,25 @@ class CriticActor(Actor):
         async for events in cursor.atail(interval=self.critic_config.poll_interval_s):
             async with self._lock:
                 for _, event in events:
-                    await self._on_event(event, cursor)
-                if not self.warmed and self.warmup_chunks >= self.critic_config.warmup_trajectories:
-                    await self._warmup(cursor)
+                    await self._on_event(event)
+                if not self.warmed and len(self.warmup_logged) >= self.critic_config.warmup_trajectories:
+                    await self._warmup(sorted(self.warmup_logged))
+                self.position = cursor.position  # every event up to here is handled
+                if self._changed:
+                    await self._checkpoint()
 
-    async def _on_event(self, event, cursor) -> None:
+    async def _on_event(self, event) -> None:
         if isinstance(event, TrialIssued) and event.split == "warmup":
             self.warmup_trials.add(event.trial_id)
         elif isinstance(event, TrajectoryAssembled) and event.trial_id in self.warmup_trials:
-            self.warmup_chunks += 1
+            self.warmup_logged.add(event.trial_id)
         elif isinstance(event, StalenessDecision) and event.decision == "admit":
             if self.warmed:
                 await self._value(event.trial_id)
             else:
                 self.waiting.append(event.trial_id)
         elif isinstance(event, LearnerStep) and self.warmed:
-            await self._update(event, cursor)
+            await self._update(event)
 
     @handles(Generic)
     async def generic(self, request: Generic) -> Ack:
@@ -112,8 +117,12 @@ class CriticActor(Actor):
             raise ValueError(f"critic: unknown op {request.op!r} (known: critic_warmup)")
         await self._engine_ready.wait()
         async with self._lock:
-            await self._warmup(None)
-        return Ack(detail=f"critic warmed on {self.warmup_chunks} chunks")
+            if self.warmed:
+                return Ack(detail="critic already warm")
+            trials = list(request.args.get("trial_ids") or sorted(self.warmup_logged))
+            report = await self._warmup(trials)
+            await self._checkpoint()
+        return Ack(detail=f"critic warmed on {report.trajectories if report else 0} trajectories")
 
     # ---- the three jobs ---------------------------------------------------------------------------
     async def _value(self, trial_id: str) -> None:
@@ -126,9 +135,10 @@ class CriticActor(Actor):
             await self.log(values, commit=False)
         await self.commit()
 
-    async def _warmup(self, cursor) -> None:
-        trajectories = []
-        for trial in sorted(self.warmup_trials):
+    async def _warmup(self, trials: list[str]):
+        """One warm-up on these trials' trajectories, then value the admitted trials that waited for it."""
+        trajectories, report = [], None
+        for trial in trials:
             trajectories += trial_records(e for _, e in await self.event_log.aby_trial(trial))[0]
         if trajectories:
             size = self.critic_config.warmup_batch
@@ -141,10 +151,10 @@ class CriticActor(Actor):
         waiting, self.waiting = self.waiting, []
         for trial in waiting:
             await self._value(trial)
-        if cursor is not None:
-            await self._checkpoint(cursor.position)
+        self._changed = True
+        return report
 
-    async def _update(self, step: LearnerStep, cursor) -> None:
+    async def _update(self, step: LearnerStep) -> None:
         chunks, values = [], {}
         for trial in step.trials:
             c, v = trial_records(e for _, e in await self.event_log.aby_trial(trial))
@@ -156,7 +166,7 @@ class CriticActor(Actor):
             return
         metrics = await trio.to_thread.run_sync(self.engine.update, self._collate(chunks, values))
         self.logger.info("critic_update", step=step.step, critic_version=self.engine.version, **metrics)
-        await self._checkpoint(cursor.position)
+        self._changed = True
 
     def _collate(self, trajectories, values=None):
         return collate(trajectories, values, num_layers=self.model_config.num_layers,
@@ -181,12 +191,14 @@ class CriticActor(Actor):
             self.engine.load_state_dict(state["critic"])
             blob = json.loads(cursor_bytes(state["cursor"]).decode())
             self.position, self.warmed = blob["position"], blob["warmed"]
-            self.warmup_trials, self.warmup_chunks = set(blob["warmup_trials"]), blob["warmup_chunks"]
+            self.warmup_trials, self.warmup_logged = set(blob["warmup_trials"]), set(blob["warmup_logged"])
             self.waiting = blob["waiting"]
 
-    async def _checkpoint(self, position: dict[str, int]) -> None:
-        blob = json.dumps({"position": position, "warmed": self.warmed, "warmup_trials": sorted(self.warmup_trials),
-                           "warmup_chunks": self.warmup_chunks, "waiting": self.waiting}).encode()
+    async def _checkpoint(self) -> None:
+        """Model, optimiser and the cursor blob: the position of the last fully handled event batch."""
+        self._changed = False
+        blob = json.dumps({"position": self.position, "warmed": self.warmed, "warmup_trials": sorted(self.warmup_trials),
+                           "warmup_logged": sorted(self.warmup_logged), "waiting": self.waiting}).encode()
         state = {"critic": self.engine.state_dict(), "cursor": cursor_tensor(blob)}
 
         def write() -> None:

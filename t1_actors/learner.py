@@ -26,7 +26,7 @@ import torch
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas import LearnerStep, StalenessDecision, WeightsPublished, decode, encode
+from schemas import CriticValues, LearnerStep, StalenessDecision, WeightsPublished, decode, encode
 from storage import EventLog
 
 from .backends._learner_batch import collate, trial_records
@@ -37,7 +37,6 @@ from .ppo import PPOConfig
 from .runtime.actor import Actor
 from .runtime.errors import NoSuchPeer
 
-section("ppo")(PPOConfig)
 
 
 @section("learner")
@@ -83,7 +82,8 @@ class LearnerActor(Actor):
         self.weights_root = run_dir / "weights"
         self.checkpoint_path = run_dir / "checkpoints" / f"{self.name}.pt"
         self.pending: list[str] = []
-        self.ready: dict[str, tuple[list, dict]] = {}
+        self.ready: dict[str, tuple[list, dict]] = {}  # pending trials with every chunk valued
+        self.changed: set[str] = set()  # pending trials with news since their last look
         self.engine = None
         self.position: dict[str, int] | None = None
 
@@ -107,6 +107,9 @@ class LearnerActor(Actor):
                 if isinstance(event, StalenessDecision) and event.decision == "admit" \
                         and event.trial_id not in self.pending:
                     self.pending.append(event.trial_id)
+                    self.changed.add(event.trial_id)
+                elif isinstance(event, CriticValues):
+                    self.changed.add(event.trial_id)
             while trials := await self._ready_trials():
                 await self._train(trials, cursor.position)
 
@@ -114,7 +117,8 @@ class LearnerActor(Actor):
         """The first ``batch_size`` pending trials whose every chunk the critic has valued."""
         chosen = []
         for trial in self.pending:
-            if trial not in self.ready:
+            if trial not in self.ready and trial in self.changed:  # look again only when something arrived
+                self.changed.discard(trial)
                 chunks, values = trial_records(e for _, e in await self.event_log.aby_trial(trial))
                 if chunks and all((c.trial_id, c.chunk) in values for c in chunks):
                     self.ready[trial] = (chunks, values)
@@ -185,6 +189,7 @@ class LearnerActor(Actor):
         if self.checkpoint_path.is_file():
             state = json.loads(engine.load_checkpoint(self.checkpoint_path).decode())
             self.position, self.pending = state["position"], list(state["pending"])
+            self.changed = set(self.pending)
             step: LearnerStep = decode(bytes.fromhex(state["step"]))
             published: WeightsPublished = decode(bytes.fromhex(state["published"]))
             logged = {e.step for _, e in self.event_log.events(kinds=["learner_step"])}

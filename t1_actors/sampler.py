@@ -4,8 +4,9 @@
   of every fed position, the policy version used, finish reason), and a ``SamplerTurn`` event in the log.
 - ``Cancel`` for a trial ends its generation at the next token: the reply (and the event) carry what
   was sampled so far with ``finish_reason='cancelled'``, so a partial rollout is never lost.
-- ``PolicyUpdate`` loads a published version (checksum verified) between generations; the backend
-  never mixes two versions inside one generation.
+- ``PolicyUpdate`` is acknowledged once the checksum is verified; the version is then loaded between
+  generations (new admissions wait while in-flight ones finish; the backend never mixes two versions
+  inside one generation). Each reply says which version produced it.
 
 Config: the run's ``[sampler]`` section (``SamplerConfig``: backend torch/sglang, default temperature,
 top-p, dtype, batching) and ``[model]``; options of the ``[[actors]]`` entry: ``SamplerOptions``.
@@ -14,6 +15,7 @@ top-p, dtype, batching) and ``[model]``; options of the ``[[actors]]`` entry: ``
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +62,7 @@ class SamplerActor(Actor):
         self.backend: SamplerBackend | None = None
         self._ready = trio.Event()
         self._turns = 0
+        self._updates_in, self._updates_out = trio.open_memory_channel[PolicyUpdate](math.inf)
 
     async def run(self) -> None:
         """Hold the backend open for the actor's life (the torch engine task lives in here)."""
@@ -72,7 +75,29 @@ class SamplerActor(Actor):
             self.backend = backend
             self._ready.set()
             self.logger.info("sampler_ready", backend=self.sampler_config.backend, policy_version=backend.version)
-            await self.ctx.shutdown.wait()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._load_updates, backend)
+                await self.ctx.shutdown.wait()
+                nursery.cancel_scope.cancel()
+
+    async def _load_updates(self, backend: SamplerBackend) -> None:
+        """Load announced versions one after the other, skipping any a newer one already overtook."""
+        async for update in self._updates_out:
+            while True:  # several announced while the last one loaded: go straight to the newest
+                try:
+                    newer = self._updates_out.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                update = newer if newer.version > update.version else update
+            if update.version <= backend.version:
+                continue
+            try:
+                await backend.load_weights(update.location, update.version)
+            except Exception as exc:  # keep serving the loaded version; the next announcement may succeed
+                self.logger.error("policy_load_failed", policy_version=update.version, location=update.location,
+                                  error=str(exc))
+                continue
+            self.logger.info("policy_loaded", policy_version=update.version, location=update.location)
 
     def status(self) -> dict[str, float]:
         return {"policy_version": float(self.backend.version if self.backend else -1), "turns": float(self._turns)}
@@ -92,7 +117,8 @@ class SamplerActor(Actor):
         generation: Generation | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._cancel_when_asked, backend, request.trial_id, request_id)
-            [generation] = await backend.generate([GenerateSpec(request_id, request.input_ids.tolist(), params)])
+            spec = GenerateSpec(request_id, request.input_ids.tolist(), params, session_id=request.trial_id)
+            [generation] = await backend.generate([spec])
             nursery.cancel_scope.cancel()
         self._turns += 1
         await self.log(SamplerTurn(
@@ -111,6 +137,7 @@ class SamplerActor(Actor):
 
     @handles(PolicyUpdate)
     async def policy_update(self, update: PolicyUpdate) -> Ack:
+        """Verify the checksum, queue the load (it happens between generations), acknowledge."""
         backend = await self._backend()
         if update.version <= backend.version:
             return Ack(detail=f"already at version {backend.version}")
@@ -120,6 +147,5 @@ class SamplerActor(Actor):
             if update.sha256 and digest != update.sha256:
                 raise ValueError(f"policy version {update.version} at {weights}: sha256 {digest[:12]}... "
                                  f"!= published {update.sha256[:12]}...; the file is corrupt or still being written")
-        await backend.load_weights(update.location, update.version)
-        self.logger.info("policy_loaded", policy_version=update.version, location=update.location)
-        return Ack(detail=f"loaded version {update.version}")
+        self._updates_in.send_nowait(update)
+        return Ack(detail=f"version {update.version} loads after the generations in flight")

@@ -24,16 +24,11 @@ from storage import EventLog
 
 from .admission import StalenessConfig
 from .campaign import CampaignConfig, tokenizer_path
-from .config import section
 from .policy.tokenizer import load_tokenizer, special_token_ids
 from .rollout import Generation, ToolOutcome
 from .runtime.actor import Actor
-from .tasks import TasksConfig, build_task_sets
+from .tasks import build_task_sets
 from .trials import BatchStats, TrialRunner, run_batches, run_eval, run_warmup
-
-section("staleness")(StalenessConfig)
-section("campaign")(CampaignConfig)
-section("tasks")(TasksConfig)
 
 
 class ActorPorts:

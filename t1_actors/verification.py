@@ -205,7 +205,7 @@ class _ForkServer:
     def __init__(self):
         project = str(Path(__file__).resolve().parent.parent)
         code = (f"import sys; sys.path.append({project!r}); "
-                "from t1_actors.backends._sandbox.verify_server import main; main()")
+                f"from t1_actors.backends._sandbox.verify_server import main; main({project!r})")
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         self.proc = subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,

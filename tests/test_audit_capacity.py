@@ -89,3 +89,18 @@ def test_cli_totals_and_table(capsys):
 def test_cli_bad_plan_is_a_clear_error(capsys):
     assert main(["capacity", "--devices", "6", "--tp", "4"]) == 2
     assert "TP x PP" in capsys.readouterr().err
+
+
+def test_cli_reads_a_saved_policy_config(tmp_path, capsys):
+    import torch
+
+    from t1_actors.policy.model import MoEPolicy
+
+    torch.set_num_threads(1)
+    config = ModelConfig(hidden_size=64, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=32, num_experts=4,
+                         top_k=2, moe_intermediate_size=48)
+    policy = MoEPolicy(config)
+    policy.save(tmp_path / "v0")
+    assert main(["capacity", "--model", str(tmp_path / "v0" / "config.json"), "--devices", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["actor_params"]["total"] == policy.num_parameters()

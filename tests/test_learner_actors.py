@@ -24,15 +24,16 @@ torch.set_num_threads(1)
 BATCH = 4
 
 
-def _config(tmp_path):
+def _config(tmp_path, *, warmup_trajectories=4, roles=("learner", "critic")):
+    actors = {"learner": {"name": "learner-0", "role": "learner", "actor_class": "t1_actors.learner:LearnerActor"},
+              "critic": {"name": "critic-0", "role": "critic", "actor_class": "t1_actors.critic:CriticActor"}}
     return parse_config({
         "run": {"id": "learner-test", "dir": str(tmp_path / "run"), "hmac_key": "k" * 32},
         "model": TINY.model_dump(),
         "learner": {"batch_size": BATCH, "threads": 1, "poll_interval_s": 0.02},
-        "critic": {"warmup_trajectories": 4, "poll_interval_s": 0.02},
+        "critic": {"warmup_trajectories": warmup_trajectories, "poll_interval_s": 0.02},
         "ppo": {"minibatches": 2},
-        "actors": [{"name": "learner-0", "role": "learner", "actor_class": "t1_actors.learner:LearnerActor"},
-                   {"name": "critic-0", "role": "critic", "actor_class": "t1_actors.critic:CriticActor"}],
+        "actors": [actors[role] for role in roles],
     })
 
 
@@ -118,3 +119,30 @@ async def test_critic_and_learner_actors_train_publish_and_resume(tmp_path):
     assert [s.step for s in steps] == [0, 1] and steps[1].policy_version == 2
     assert not set(steps[0].trials) & set(steps[1].trials)  # exactly once
     assert len([e for _, e in log.events(kinds=["critic_warmup"])]) == 1  # the critic resumed warm
+
+
+@trio_test
+async def test_critic_warms_up_when_asked_and_only_once(tmp_path):
+    from schemas import Ack, Generic
+    from t1_actors.runtime.peers import connect
+
+    # 100 warm-up trials never arrive: only the request starts the warm-up
+    config = _config(tmp_path, warmup_trajectories=100, roles=("critic",))
+    policy = tiny_policy()
+    log = EventLog.open(config.run.dir / "log", create=True)
+    warmup = _trials(policy, "warmup", seed=1)
+    _write(log, "campaign", warmup + _trials(policy, "train", seed=2))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_actor, CriticActor, config, "critic-0")
+        async with connect(config, "test") as peers:
+            await trio.sleep(0.5)
+            assert not [e for _, e in log.events(kinds=["critic_values"])]  # admitted, but waiting for warm-up
+            ids = sorted({e.trial_id for e in warmup})
+            reply = await peers("critic").call_bulk(Generic(op="critic_warmup", args={"trial_ids": ids}))
+            assert isinstance(reply, Ack) and f"{BATCH} trajectories" in reply.detail
+            again = await peers("critic").call_bulk(Generic(op="critic_warmup", args={"trial_ids": ids}))
+            assert "already warm" in again.detail
+        values = await _wait_for(log, "critic_values", BATCH)
+        nursery.cancel_scope.cancel()
+    assert len([e for _, e in log.events(kinds=["critic_warmup"])]) == 1
+    assert {v.trial_id for v in values} == {e.trial_id for e in _trials(policy, "train", seed=2)}

@@ -176,3 +176,12 @@ def test_bad_inputs_get_clear_errors():
     with pytest.raises(ValueError, match="load-balancing"):
         TorchLearner(policy, PPOConfig(moe_aux_loss_coef=0.01), critic=TorchCritic.for_policy(policy, PPOConfig())
                      ).step(batch_of(trajectories))
+
+
+def test_a_shard_smaller_than_the_minibatch_count_still_steps():
+    policy = tiny_policy()
+    cfg = PPOConfig(minibatches=3)
+    learner = TorchLearner(policy, cfg, critic=TorchCritic.for_policy(policy, cfg))
+    before = flat_params(policy)
+    metrics = learner.step(batch_of(sample_trajectories(policy, 2))).metrics
+    assert math.isfinite(metrics["policy_loss"]) and not torch.equal(before, flat_params(policy))

@@ -86,12 +86,17 @@ def test_loss_region_drift_is_detected(exact_run, tmp_path):
     assert out["drift_rate_loss"] > 0
 
 
-def test_missing_weights_is_a_clear_error(exact_run, tmp_path, capsys):
+def test_missing_weights_are_named(exact_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(exact_run, run)
     shutil.rmtree(run / "weights" / "v1")
+    assert main(["drift", str(run), "--json"]) == 0  # version 0's trajectories are still measured
+    out = json.loads(capsys.readouterr().out)
+    assert out["trajectories"] == 2 and out["versions"] == [0]
+    assert any("no weights for policy version 1" in reason for reason in out["skipped"])
+    shutil.rmtree(run / "weights" / "v0")
     assert main(["drift", str(run), "--json"]) == 2
-    assert "no weights for policy version 1" in capsys.readouterr().err
+    assert "no weights for policy version" in capsys.readouterr().err
 
 
 def test_cli_json_keys(exact_run, capsys):

@@ -223,7 +223,7 @@ def test_actors_die_with_a_killed_supervisor(run_dir):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert not any(alive(pid) for pid in pids.values())  # no orphans: PR_SET_PDEATHSIG sent them SIGTERM
+    assert not any(alive(pid) for pid in pids.values())  # no orphans: they watch the supervisor's pidfd
     events = lifecycle(run_dir)
     for name in pids:  # ... which they handled as a clean shutdown, committing their log
         assert (name, "stopped", "shutdown") in events

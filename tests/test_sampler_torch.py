@@ -147,3 +147,17 @@ async def test_a_bad_prompt_in_a_batch_is_refused_and_nothing_leaks():
         assert sampler.in_flight == 0 and not sampler._keys
         [g] = await sampler.generate([good])
     assert len(g.output_ids) == 3
+
+
+@trio_test
+async def test_sessions_reuse_their_previous_turn():
+    policy = _policy(7)
+    params = SamplingParams(max_new_tokens=5, seed=3)
+    async with TorchSampler.open(policy) as sampler:
+        [first] = await sampler.generate([GenerateSpec("t/0", _prompt(5), params, session_id="t")])
+        follow_up = _prompt(5) + first.output_ids.tolist() + [7, 8, 9]
+        [second] = await sampler.generate([GenerateSpec("t/1", follow_up, params, session_id="t")])
+        assert sampler._batcher.reused_tokens == len(_prompt(5)) + len(first.output_ids) - 1
+    solo = generate(policy, [follow_up], params)[0]
+    assert np.array_equal(second.output_ids, solo.output_ids)
+    assert np.array_equal(second.routing, solo.routing)

@@ -13,7 +13,7 @@ pytest.importorskip("t1_actors.runtime.host")
 from schemas import Cancel, ExecRequest, SandboxClose, SandboxExec, SandboxOpen, VerifierResult, VerifyRequest  # noqa: E402
 from t1_actors.backends._sandbox import cgroups  # noqa: E402
 from t1_actors.config import parse_config  # noqa: E402
-from t1_actors.runtime.errors import RemoteError  # noqa: E402
+from t1_actors.runtime.errors import RemoteError, RequestCancelled  # noqa: E402
 from t1_actors.runtime.host import serve_actor  # noqa: E402
 from t1_actors.runtime.peers import connect  # noqa: E402
 from t1_actors.sandbox import SandboxActor  # noqa: E402
@@ -93,8 +93,9 @@ async def test_trial_through_sandbox_and_verifier_actors(tmp_path):
                     await trio.sleep(0.5)
                     await sandbox.call(Cancel(trial_id="c", reason="tail cut"), deadline_s=10)
                 assert trio.current_time() - started < 20 and outcome
-                after = await sandbox.call(ExecRequest(trial_id="c", turn=1, command="true", timeout_s=1), deadline_s=10)
-                assert after.infra_error  # the cancelled trial's sandbox is gone
+                with pytest.raises(RequestCancelled):  # the runtime refuses a cancelled trial from now on
+                    await sandbox.call(ExecRequest(trial_id="c", turn=1, command="true", timeout_s=1), deadline_s=10)
+                assert not list((tmp_path / "sandbox" / "trials").glob("c-*/trial.json"))  # and its root is gone
                 await sandbox.call(SandboxClose(trial_id="a"), deadline_s=30)
             nursery.cancel_scope.cancel()
 

@@ -61,7 +61,7 @@ def test_kill_9_at_random_points_loses_only_the_uncommitted_tail(tmp_path):
             assert event == mixed_event(int(event_id.split(":")[1]), "w"), event_id
         committed += len(fresh)
         assert sum(EventLog.open(location).counts().values()) == committed  # a fresh reader agrees
-    assert committed > 50, "the writer hardly ever got to commit; the kill window is too short"
+    assert committed > 25, "the writer hardly ever got to commit; the kill window is too short"
     log = EventLog.open(location, config=TINY_CHUNKS)
     log.verify()
     assert [e for _, e in log.events()] == [mixed_event(i, "w") for i in range(committed)]

@@ -330,9 +330,10 @@ def test_runner_dependencies():
         pip install pytest==8.4.1 requests   # comment numpy
         uv pip install 'pandas>=2' -q && uv add scipy==1.14
         uvx -p 3.13 -w pytest==8.4.1 --with pyyaml pytest /tests
-        pip3 install -r $TEST_DIR/requirements.txt
+        pip3 install -r requirements.txt --index-url https://x.invalid/simple ./local_pkg hypothesis[cli]
     """
-    assert runner_dependencies(textwrap.dedent(script)) == ["requests", "pandas>=2", "scipy==1.14", "pyyaml"]
+    assert runner_dependencies(textwrap.dedent(script)) == \
+        ["requests", "pandas>=2", "scipy==1.14", "pyyaml", "hypothesis[cli]"]
 
 
 def test_runner_targets():

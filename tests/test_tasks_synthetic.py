@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import os
 import statistics
+import subprocess
+import sys
 
 import pytest
 
@@ -24,6 +27,14 @@ def evaluation():
 
 def test_same_seed_same_tasks():
     assert generate("train", 50, seed=11) == generate("train", 50, seed=11)
+
+
+def test_same_tasks_in_every_process():
+    """No set or hash order leaks into a task: other hash seeds, same ids (ids fingerprint the content)."""
+    script = "from t1_actors.tasks import generate; print([t.id for t in generate('train', 48, seed=9)])"
+    ids = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": str(hash_seed)}).stdout for hash_seed in (1, 2)]
+    assert ids[0] == ids[1] == f"{[t.id for t in generate('train', 48, seed=9)]}\n"
 
 
 def test_other_seed_other_tasks():

@@ -203,3 +203,13 @@ def test_pristine_store_is_read_only_and_outside_the_trial(verifier):
     assert mode == 0o444
     assert not str(tests_dir).startswith("/tmp/t1-sandbox")
     assert Path(verifier.config.base_dir) in tests_dir.parents
+
+
+def test_tests_see_read_only_tests_and_no_host_project(backend, verifier):
+    task = make_task("view", tests="import os, pytest\n"
+                                   "def test_tests_read_only():\n    with pytest.raises(OSError):\n"
+                                   "        open('/tests/planted.py', 'w')\n"
+                                   "def test_no_host_project():\n    assert not os.path.exists('/work/main/t1_actors')\n"
+                                   "def test_task_env():\n    assert os.environ['TEST_DIR'] == '/tests'\n")
+    outcome, _ = run_trial(backend, verifier, [], task)
+    assert outcome.passed == 3, outcome.tests

@@ -260,21 +260,24 @@ def _marker_line(content: str | bytes) -> str | None:
 # ---------------------------------------------------------------- the executed audit
 
 
-def audit_task(task: Task, runner: TrialRunner) -> TaskAudit:
-    """Every gate and soft dimension of one task, by running it."""
+def audit_task(task: Task, runner: TrialRunner, *, determinism: bool = True) -> TaskAudit:
+    """Every gate and soft dimension of one task, by running it. ``determinism=False`` skips the second
+    oracle run (the soft ``oracle_deterministic`` is then None)."""
     audit = TaskAudit(task_id=task.id, source_format=task.source_format)
     if task.oracle is None:
         audit.error = "task has no oracle solution; the gates need one (Harbor: add solution/solve.sh)"
         audit.gates.append(Gate("oracle_passes", False, "no oracle"))
         return audit
     steps = oracle_steps(task)
+    turns = _as_turns(task)
 
-    oracle = runner.run(task, steps)
-    oracle_again = runner.run(task, steps)
+    oracle = runner.run(task, turns(steps))
+    oracle_again = runner.run(task, turns(steps)) if determinism else None
     noop = runner.run(task, [], probe=leakage_probe(task))
     for label, outcome in (("oracle", oracle), ("oracle_rerun", oracle_again), ("noop", noop)):
-        audit.runs[label] = _run_json(outcome)
-    infra = [o.error for o in (oracle, oracle_again, noop) if o.error]
+        if outcome is not None:
+            audit.runs[label] = _run_json(outcome)
+    infra = [o.error for o in (oracle, oracle_again, noop) if o is not None and o.error]
     if infra:
         audit.error = f"infrastructure failure: {infra[0]}"
 
@@ -287,7 +290,7 @@ def audit_task(task: Task, runner: TrialRunner) -> TaskAudit:
     mutants = shortcut_variants(steps)
     shortcuts, partial = [], 0
     for label, commands in mutants.items():
-        outcome = runner.run(task, commands)
+        outcome = runner.run(task, turns(commands))
         audit.runs[label] = _run_json(outcome)
         if outcome.all_passed:
             shortcuts.append(label)
@@ -314,10 +317,20 @@ def audit_task(task: Task, runner: TrialRunner) -> TaskAudit:
         "tests": oracle.total,
         "oracle_steps": len(steps),
         "noop_pass_share": noop.passed / noop.total if noop.total else None,
-        "oracle_deterministic": oracle.tests == oracle_again.tests,
+        "oracle_deterministic": None if oracle_again is None else oracle.tests == oracle_again.tests,
         "partial_credit_share": partial / len(mutants) if mutants else None,
     }
     return audit
+
+
+def _as_turns(task: Task):
+    """How steps run as agent turns: per-turn oracle commands one turn each; the lines of an oracle
+    script together in one turn (a script's lines share one shell: cd, variables), under its shebang."""
+    if task.oracle is None or task.oracle.commands:
+        return lambda steps: list(steps)
+    first = task.oracle.script.lstrip().splitlines()[0] if task.oracle.script.strip() else ""
+    shebang = first if first.startswith("#!") else ""
+    return lambda steps: ["\n".join([shebang, *steps]).lstrip("\n")] if steps else []
 
 
 def _run_json(outcome: RunOutcome) -> dict:

@@ -7,6 +7,7 @@ capture_routing) -> (logits [B,T,V], routing [B,T,L,k] | None)``, its parameters
 Data parallel: each rank holds its own shard of the batch. Losses are token sums divided by the
 *global* loss-token count of the minibatch, gradients are summed over ranks (one flat all-reduce), so
 the update equals the single-process update on the whole batch. Metrics are reduced the same way.
+With ``minibatches > 1`` each rank splits its own shard; a global minibatch is the union of the ranks'.
 """
 
 from __future__ import annotations
@@ -183,6 +184,11 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
     for update, (epoch, rows) in enumerate(plan):
         mb_mask = mask[rows]
         normalizer = all_reduce_sum(torch.tensor(float(mb_mask.sum())), group).clamp(min=1.0)
+        if not rows:  # this rank's shard is smaller than the minibatch count: join the collectives with 0
+            grad_norms.append(optimizer_step(policy, _zero_loss(policy), cfg.max_grad_norm, group))
+            if critic is not None:
+                optimizer_step(critic, _zero_loss(critic), cfg.max_grad_norm, group)
+            continue
         logits, _ = policy.forward(batch.inputs[rows], None if routing is None else routing[rows], False)
         logprobs = ppo.token_logprobs(logits, batch.targets[rows], cfg.temperature)
         loss, clip_fraction = ppo.ppo_policy_loss(logprobs, old_logprobs[rows], advantages[rows], mb_mask,
@@ -252,6 +258,9 @@ def run_value_updates(critic: Trainable, batch: TrajectoryBatch, returns: torch.
     for _, rows in plan:
         mb_mask = mask[rows]
         normalizer = all_reduce_sum(torch.tensor(float(mb_mask.sum())), group).clamp(min=1.0)
+        if not rows:
+            optimizer_step(critic, _zero_loss(critic), cfg.max_grad_norm, group)
+            continue
         values = critic.forward(batch.inputs[rows])
         if clipped:
             loss = ppo.clipped_value_loss(values, old_values[rows], returns[rows], mb_mask, cfg.value_clip_eps,
@@ -261,6 +270,11 @@ def run_value_updates(critic: Trainable, batch: TrajectoryBatch, returns: torch.
         total += float(loss.detach())
         optimizer_step(critic, loss, cfg.max_grad_norm, group)
     return {"value_loss": float(all_reduce_sum(torch.tensor(total), group)) / len(plan)}
+
+
+def _zero_loss(model: Trainable) -> torch.Tensor:
+    """A loss of 0 with a (zero) gradient for every parameter, for a rank with no rows in a minibatch."""
+    return sum(p.sum() * 0.0 for p in model.parameters)
 
 
 def _explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, group=None) -> float:

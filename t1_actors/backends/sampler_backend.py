@@ -26,11 +26,15 @@ from t1_actors.policy.sampling import Generation, SamplingParams
 
 @dataclass(frozen=True)
 class GenerateSpec:
-    """One generation to run: a request id (for cancel), the input ids, the sampling parameters."""
+    """One generation to run: a request id (for cancel), the input ids, the sampling parameters.
+
+    ``session_id`` (the trial) lets a backend keep this turn's KV for the session's next turn.
+    """
 
     request_id: str
     input_ids: Sequence[int]
     params: SamplingParams
+    session_id: str | None = None
 
 
 @runtime_checkable
@@ -69,6 +73,7 @@ class SamplerConfig(BaseModel):
     dtype: Literal["float32", "bfloat16"] = "float32"
     max_batch: int = Field(64, gt=0)
     batch_window_s: float = Field(0.005, ge=0)  # gather concurrent requests before a prefill
+    prefix_cache_tokens: int = Field(65536, ge=0)  # KV kept for sessions' next turns (0: off)
     torch_threads: int = Field(0, ge=0)  # 0: leave torch's default
     # sglang backend
     sglang_url: str = "http://127.0.0.1:30000"

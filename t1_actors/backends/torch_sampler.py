@@ -5,7 +5,9 @@ thread (``trio.to_thread``) so the trio loop stays free, admitting new prompts b
 After idling, the engine waits ``batch_window_s`` so that requests arriving together share a prefill.
 A new policy version is loaded between generations: admission pauses, the batch drains, the weights
 swap, admission resumes. A ``generate`` that is cancelled (its caller's deadline, ``cancel``) ends its
-sequences at the next token boundary instead of letting them run on.
+sequences at the next token boundary instead of letting them run on. Requests carrying a
+``session_id`` reuse the KV their session's previous turn left behind (a multi-turn rollout prefills
+only its new tokens).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class TorchSampler:
         self.config = config
         self.version = version
         self._batcher = ContinuousBatcher(policy, capture_routing=config.capture_routing,
-                                          max_batch=config.max_batch, dtype=dtype)
+                                          max_batch=config.max_batch, dtype=dtype,
+                                          prefix_cache_tokens=config.prefix_cache_tokens)
         self._waiters: dict[int, _Waiter] = {}
         self._keys: dict[str, list[int]] = {}  # request id -> batcher keys still running
         self._wake = trio.Event()
@@ -77,7 +80,7 @@ class TorchSampler:
         keys: list[int] = []
         try:
             for spec in requests:
-                key = self._batcher.add(spec.input_ids, spec.params)
+                key = self._batcher.add(spec.input_ids, spec.params, session=spec.session_id)
                 self._waiters[key] = _Waiter()
                 self._keys.setdefault(spec.request_id, []).append(key)
                 keys.append(key)

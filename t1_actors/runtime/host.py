@@ -19,6 +19,7 @@ from .auth import Opener, Sealer
 from .errors import DeadlineExceeded, RemoteError
 from .logs import configure_logging
 from .peers import Peers
+from .process import wait_for_exit
 from .transport import BulkInbox, ControlServer, RejectLog
 from .wire import RawEnvelope
 
@@ -134,6 +135,11 @@ class ActorHost:
         await self.actor.run()
         self.logger.info("run_returned")
 
+    async def _watch_supervisor(self, pid: int) -> None:
+        await wait_for_exit(pid)
+        self.logger.warning("supervisor_gone", pid=pid, note="shutting down: no orphan actors")
+        self.ctx.shutdown.set()
+
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
@@ -141,7 +147,8 @@ class ActorHost:
                 self.ctx.shutdown.set()
 
     # ---- the whole life -------------------------------------------------------------------------
-    async def serve(self, *, handle_signals: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, *, handle_signals: bool = False, supervisor_pid: int | None = None,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Open the log, set the actor up, serve until Shutdown (or a signal), then stop cleanly."""
         self.ctx.writer = await _open_writer(self.config, self.ctx.name)
         try:
@@ -150,6 +157,8 @@ class ActorHost:
             async with trio.open_nursery() as nursery:
                 if handle_signals:
                     nursery.start_soon(self._signals)
+                if supervisor_pid is not None:
+                    nursery.start_soon(self._watch_supervisor, supervisor_pid)
                 await self.actor.setup()
                 server = ControlServer(self.ctx.name, self.config.control_address(self.spec), self.sealer,
                                        self.opener, max_bytes=self.config.transport.control_max_bytes,
@@ -245,13 +254,16 @@ async def serve_actor(actor_cls: type[Actor], config: RunConfig, name: str, *, k
     await host.serve(handle_signals=handle_signals, task_status=task_status)
 
 
-def run_actor_process(actor_cls: type[Actor], config: RunConfig, name: str) -> int:
-    """Entry point of an actor process: logging, signals, one trio loop. Returns the exit status."""
+def run_actor_process(actor_cls: type[Actor], config: RunConfig, name: str, *,
+                      supervisor_pid: int | None = None) -> int:
+    """Entry point of an actor process: logging, signals, one trio loop. Returns the exit status.
+
+    With ``supervisor_pid`` the actor shuts down cleanly when that process exits (no orphans)."""
     spec = config.actor(name)
     logger = configure_logging(actor=name, role=spec.role, run_id=config.run.id)
     host = ActorHost(actor_cls, config, name, logger=logger)
     try:
-        trio.run(lambda: host.serve(handle_signals=True))
+        trio.run(lambda: host.serve(handle_signals=True, supervisor_pid=supervisor_pid))
     except KeyboardInterrupt:
         return 130
     except Exception:

@@ -1,26 +1,29 @@
-"""Process-level guards for actor processes started by a supervisor."""
+"""Process-level guard for actor processes started by a supervisor: no orphans.
+
+PR_SET_PDEATHSIG is no use here: it fires when the parent *thread* that forked us exits, and trio
+starts processes from worker threads that come and go. Instead the actor watches the supervisor's
+process with a pidfd (readable once it exits) and shuts itself down cleanly when it is gone.
+"""
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import sys
 
-_PR_SET_PDEATHSIG = 1
+import trio
 
 
-def die_with_parent(expected_parent: int) -> None:
-    """Ask Linux to SIGTERM this process when its supervisor dies (even by SIGKILL): no orphans.
-
-    The actor handles SIGTERM as a clean shutdown (its log writer commits). If the supervisor is
-    already gone (we were reparented before the request took effect) exit at once.
-    """
-    if not sys.platform.startswith("linux"):
+async def wait_for_exit(pid: int) -> None:
+    """Return once process ``pid`` has exited (at once if it does not exist)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
         return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != expected_parent:
-        sys.stderr.write("t1-actor: the supervisor that started this actor is gone; exiting\n")
-        sys.exit(1)
+    except (AttributeError, OSError):  # no pidfd (old kernel): poll our parent pid instead
+        while os.getppid() == pid:
+            await trio.sleep(0.5)
+        return
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        trio.lowlevel.notify_closing(fd)
+        os.close(fd)

@@ -154,7 +154,17 @@ class Supervisor:
         """Wait until actor ``name`` sent a heartbeat since its last (re)start."""
         managed = self.actors[name]
         with trio.fail_after(timeout_s if timeout_s is not None else self.config.supervisor.ready_timeout_s):
-            await managed.ready.wait()
+            await self._await_ready(managed)
+        if managed.state == "gave_up":
+            raise SupervisorError(f"actor {name!r} was given up on")
+
+    @staticmethod
+    async def _await_ready(m: _Managed) -> None:
+        # A (re)start swaps in a fresh event and sets the old one, so waiters wake and look again.
+        while True:
+            await m.ready.wait()
+            if m.state == "gave_up" or (m.ready.is_set() and m.last_heartbeat is not None):
+                return
 
     def pid(self, name: str) -> int | None:
         process = self.actors[name].process
@@ -226,7 +236,8 @@ class Supervisor:
         sup = self.config.supervisor
         first = True
         while not self._stopping:
-            m.ready = trio.Event()
+            if not first:  # a restart: wait for its first heartbeat anew (the first start keeps the
+                m.ready = trio.Event()  # Event that _wait_all_ready may already be waiting on)
             m.last_heartbeat, m.kill_reason, m.silent_reported = None, None, False
             m.started_at = time.monotonic()
             m.process = await trio.lowlevel.open_process(self._command(m.spec), env=self._child_env(),
@@ -271,14 +282,10 @@ class Supervisor:
             if not m.local:
                 continue
             with trio.move_on_after(timeout) as scope:
-                while True:
-                    await m.ready.wait()
-                    if m.state == "gave_up":
-                        raise SupervisorError(f"actor {name!r} was given up on before it became ready "
-                                              "(see its actor_died log lines)")
-                    if m.last_heartbeat is not None:
-                        break
-                    await trio.sleep(0.01)  # ready was reset by a restart in between
+                await self._await_ready(m)
+            if m.state == "gave_up":
+                raise SupervisorError(f"actor {name!r} was given up on before it became ready "
+                                      "(see its actor_died log lines)")
             if scope.cancelled_caught:
                 raise SupervisorError(f"actor {name!r} sent no heartbeat within {timeout:g}s")
 

@@ -46,8 +46,15 @@ def _model_config(spec: str) -> ModelConfig:
     if not path.is_file():
         raise ValueError(f"--model {spec!r}: not 'paper', 'tiny' or an existing config.json")
     raw = json.loads(path.read_text())
-    known = set(ModelConfig.model_fields)
-    return ModelConfig(**{k: v for k, v in raw.items() if k in known})
+    if "num_hidden_layers" in raw or "model_type" in raw:  # a Hugging Face (Qwen3-MoE) config.json
+        from t1_actors.policy._hf import config_from_hf
+
+        return config_from_hf(raw)
+    unknown = set(raw) - set(ModelConfig.model_fields)
+    if unknown:
+        raise ValueError(f"--model {spec}: unknown fields {sorted(unknown)}; give ModelConfig fields "
+                         "or a Hugging Face Qwen3-MoE config.json")
+    return ModelConfig(**raw)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
 def _render(out: dict) -> None:
     c = console()
     ap = out["actor_params"]
-    c.print(f"[bold]Capacity (Prop. 7.1)[/bold] {out['source']}: actor {ap['total'] / 1e9:.1f} B parameters "
-            f"({ap['expert'] / 1e9:.1f} B expert, {ap['dense'] / 1e9:.2f} B dense); plan {out['plan']['label']} "
+    c.print(f"[bold]Capacity (Prop. 7.1)[/bold] {out['source']}: actor {_count(ap['total'])} parameters "
+            f"({_count(ap['expert'])} expert, {_count(ap['dense'])} dense); plan {out['plan']['label']} "
             f"on G={out['plan']['devices']}")
     b = out["bytes_per_param"]
     c.print(f"bytes/param: weights {b['weight']:g}, grads {b['grad']:g}, optimiser {b['optimizer']:g} "
@@ -125,3 +132,7 @@ def _render(out: dict) -> None:
         verdict = "fits" if out["fits"] else "does NOT fit"
         c.print(f"device memory {out['device_memory_gib']:g} GiB: {verdict} (headroom {out['headroom_gib']:.1f} GiB "
                 "before activations)")
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.1f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"

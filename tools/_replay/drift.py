@@ -30,6 +30,7 @@ import torch
 from schemas import SamplerTurn, TrajectoryAssembled
 
 from .align import Rerendered, rerender
+from .run import RunError
 
 MODES = ("r3_tito", "tito", "r3", "none")
 
@@ -208,6 +209,7 @@ def measure(report: DriftReport, traj: TrajectoryAssembled, *, models, temperatu
     if len(ids) < 2 or not len(loss):
         report.skipped["no loss tokens"] += 1
         return
+    policies = {v: models(v) for v in sorted({int(v) for v in versions[loss]})}  # fails before counting
     report.trajectories += 1
     report.loss_tokens += len(loss)
     report.repair_cases.update(traj.boundary_cases)
@@ -220,16 +222,19 @@ def measure(report: DriftReport, traj: TrajectoryAssembled, *, models, temperatu
     lp = {"r3_tito": np.full(len(ids), np.nan), "tito": np.full(len(ids), np.nan)}
     live_rows = np.zeros((len(ids) - 1, 0, 0))
     rows_version = row_versions(mask, versions, loss_versions[-1])
+    sampled_lp: dict[int, dict[str, np.ndarray]] = {}  # every position's logprob, per version and routing
     for v in loss_versions:
-        model = models(v)
+        model = policies[v]
         at = loss[versions[loss] == v]
         plain, live = token_logprobs(model, ids, temperature=temperature)
+        sampled_lp[v] = {"none": plain}
         lp["tito"][at] = plain[at]
         if v == loss_versions[0]:
             live_rows = live.copy()
         live_rows[rows_version == v] = live[rows_version == v]
         if record is not None:
             replayed, _ = token_logprobs(model, ids, routing_replay=record, temperature=temperature)
+            sampled_lp[v]["r3"] = replayed
             lp["r3_tito"][at] = replayed[at]
     report.gaps["tito"].add(lp["tito"][loss] - q[loss])
     if record is not None:
@@ -249,11 +254,16 @@ def measure(report: DriftReport, traj: TrajectoryAssembled, *, models, temperatu
     if not twin.decodable:
         report.skipped["sampled bytes not re-renderable"] += 1
         return
-    _measure_rerendered(report, twin, ids, mask, q, versions, record, models, temperature)
+    _measure_rerendered(report, twin, ids, mask, q, versions, record, policies, sampled_lp, temperature)
 
 
-def _measure_rerendered(report: DriftReport, twin: Rerendered, ids, mask, q, versions, record, models,
-                        temperature: float) -> None:
+def _measure_rerendered(report: DriftReport, twin: Rerendered, ids, mask, q, versions, record, policies,
+                        sampled_lp, temperature: float) -> None:
+    """Gaps on re-rendered ids. Per segment of common boundaries: log p_train(segment's bytes as
+    re-rendered) - log p(the same bytes as sampled), where the sampled side is the sampler's logprob on loss
+    tokens and the learner's own (same routing mode) on context tokens merged into the segment; spread
+    over the segment's loss tokens. A segment that is one identical token on both sides is a plain
+    per-token gap."""
     new_ids = twin.ids
     if len(new_ids) < 2:
         return
@@ -263,8 +273,7 @@ def _measure_rerendered(report: DriftReport, twin: Rerendered, ids, mask, q, ver
     if record is not None:
         mapped = record[np.clip(owner[: len(new_ids) - 1], 0, len(record) - 1)]
     by_version: dict[int, dict[str, np.ndarray]] = {}
-    for v in sorted({int(x) for x in versions[mask]}):
-        model = models(v)
+    for v, model in policies.items():
         by_version[v] = {"none": token_logprobs(model, new_ids, temperature=temperature)[0]}
         if mapped is not None:
             by_version[v]["r3"] = token_logprobs(model, new_ids, routing_replay=mapped, temperature=temperature)[0]
@@ -278,9 +287,13 @@ def _measure_rerendered(report: DriftReport, twin: Rerendered, ids, mask, q, ver
             report.rerendered_drifted += len(loss_here)
         if seg_new[0] == 0:
             continue  # the very first token has no logprob
+        if seg_sampled[0] == 0:
+            continue
         v = int(versions[loss_here[0]])
+        context = [j for j in seg_sampled if not mask[j]]
         for mode, lp in by_version[v].items():
-            diff = float(lp[seg_new].sum() - q[loss_here].sum()) / len(loss_here)
+            sampled_side = q[loss_here].sum() + sampled_lp[v][mode][context].sum()
+            diff = float(lp[seg_new].sum() - sampled_side) / len(loss_here)
             report.gaps[mode].add(np.full(len(loss_here), diff))
 
 
@@ -294,7 +307,10 @@ def drift_of_run(view, *, limit: int | None = None, tokenizer=None, trial: str |
     for traj in chunks:
         turns = turns_by_trial.get(traj.trial_id, [])
         temperature = turns[0].temperature if turns else 1.0
-        measure(report, traj, models=view.model, temperature=temperature, tokenizer=tokenizer)
+        try:
+            measure(report, traj, models=view.model, temperature=temperature, tokenizer=tokenizer)
+        except RunError as exc:  # e.g. a version's weights were not kept: measure the others
+            report.skipped[str(exc)] += 1
     by_trial: dict[str, list[TrajectoryAssembled]] = {}
     for traj in chunks:
         by_trial.setdefault(traj.trial_id, []).append(traj)
@@ -303,6 +319,8 @@ def drift_of_run(view, *, limit: int | None = None, tokenizer=None, trial: str |
             check_loss_region(report, trial_chunks, turns_by_trial[trial_id])
         else:
             report.skipped["no SamplerTurn events for the trial (loss-region drift not checked)"] += 1
+    if chunks and report.trajectories == 0 and report.skipped:
+        raise RunError("no trajectory could be replayed: " + "; ".join(report.skipped))
     out = report.to_json()
     out["run"] = str(view.root)
     out["checksums"] = {str(v): view.weights_checksum_ok(v) for v in sorted(report.versions)}

@@ -170,3 +170,29 @@ def kill_all(prefix: str) -> int:
         if hit:
             break
     return hit
+
+
+def sweep_stale() -> int:
+    """Remove command cgroups whose creating process is gone (a crashed run); their members are killed."""
+    removed = 0
+    for controller in ("memory", "pids", "cpu", "unified"):
+        base = ROOT / controller / _PREFIX
+        if not base.is_dir():
+            continue
+        for path in base.iterdir():
+            parts = path.name.rsplit("-", 2)
+            if not path.is_dir() or len(parts) != 3 or not parts[1].isdigit():
+                continue
+            try:
+                os.kill(int(parts[1]), 0)
+                continue  # its creator still runs
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            try:
+                _kill_and_remove(path)
+                removed += 1
+            except SandboxInfraError:
+                pass
+    return removed

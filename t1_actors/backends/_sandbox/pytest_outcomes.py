@@ -43,3 +43,36 @@ class OutcomeReporter:
         else:
             return
         self._emit(test=report.nodeid, outcome=outcome)
+
+
+def parse_outcomes(text: str) -> tuple[dict[str, str], list[str], str | None]:
+    """(test -> outcome, collected node ids, infra error) from the reporter's JSON lines; bad lines skipped."""
+    tests: dict[str, str] = {}
+    collected: list[str] = []
+    infra_error = None
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if "collected" in record:
+            collected = [str(c) for c in record["collected"]]
+        elif "test" in record and "outcome" in record:
+            tests[str(record["test"])] = str(record["outcome"])
+        elif "infra_error" in record:
+            infra_error = str(record["infra_error"])
+    return tests, collected, infra_error
+
+
+# Loaded by ``-p t1_outcomes_plugin`` where the reporter cannot get an fd (a remote sandbox): it appends
+# to the file named by $T1_OUTCOMES instead.
+FILE_PLUGIN = '''\
+import os
+from t1_pytest_outcomes import OutcomeReporter
+
+def pytest_configure(config):
+    fd = os.open(os.environ["T1_OUTCOMES"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    config.pluginmanager.register(OutcomeReporter(fd), "t1-outcomes")
+'''

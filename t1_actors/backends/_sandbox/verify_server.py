@@ -25,7 +25,7 @@ from pathlib import Path
 from . import linux
 from .cgroups import CgroupLimits, CommandCgroup
 from .layers import Layer, RootStack, remove_tree
-from .pytest_outcomes import OutcomeReporter
+from .pytest_outcomes import OutcomeReporter, parse_outcomes
 
 PYTEST_ARGS = ["-p", "no:cacheprovider", "-c", "/dev/null", "--rootdir", "/tests", "--confcutdir", "/tests",
                "-o", "addopts=", "-q", "--no-header", "-p", "no:stepwise",
@@ -37,12 +37,15 @@ PYTEST_ARGS = ["-p", "no:cacheprovider", "-c", "/dev/null", "--rootdir", "/tests
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
-def trusted_mounts() -> list[str]:
-    """Host directories holding this interpreter and its packages: the verifier's trusted environment."""
+def trusted_mounts(exclude: str | None = None) -> list[str]:
+    """Host directories holding this interpreter and its packages: the verifier's trusted environment
+    (``exclude``: the t1 project itself, already imported, which the tests have no business seeing)."""
     roots = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
     for entry in sys.path:
         real = os.path.realpath(entry) if entry else ""
-        if real and os.path.isdir(real) and not any(real == r or real.startswith(r + "/") for r in roots):
+        if not real or not os.path.isdir(real) or (exclude and real == os.path.realpath(exclude)):
+            continue
+        if not any(real == r or real.startswith(r + "/") for r in roots):
             roots.add(real)
     return sorted(roots)
 
@@ -74,14 +77,14 @@ class _Job:
         self.timed_out = False
 
 
-def main() -> None:
+def main(project: str | None = None) -> None:
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints (pytest's) go to stderr, never into the protocol
     _warm_up()
     sys.stdout.flush()  # or the children inherit the warm-up's buffered output
     sys.stderr.flush()
     gc.freeze()  # the warm heap moves to the permanent generation: children's collections skip it (no COW)
-    trusted = trusted_mounts()
+    trusted = trusted_mounts(exclude=project)
     protocol.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
     jobs: dict[int, _Job] = {}
     selector = selectors.DefaultSelector()
@@ -153,23 +156,16 @@ def _finish(job: _Job) -> dict:
     os.waitpid(job.pid, 0)
     job.cgroup.remove()
     os.close(job.fd)
-    tests: dict[str, str] = {}
+    text = bytes(job.buffer).decode("utf-8", "replace")
+    tests, collected, infra_error = parse_outcomes(text)
     phases: dict[str, float] = {}
-    collected: list[str] = []
-    infra_error = None
-    for line in bytes(job.buffer).decode("utf-8", "replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "collected" in record:
-            collected = list(record["collected"])
-        elif "test" in record:
-            tests[str(record["test"])] = str(record["outcome"])
-        elif "infra_error" in record:
-            infra_error = str(record["infra_error"])
-        elif "phase" in record:
-            phases[record["phase"]] = round(float(record["t"]) - job.start, 4)
+    for line in text.splitlines():
+        if line.startswith('{"phase"'):  # timings, for diagnosis only
+            try:
+                record = json.loads(line)
+                phases[str(record["phase"])] = round(float(record["t"]) - job.start, 4)
+            except (ValueError, KeyError, TypeError):
+                pass
     scratch = Path(job.request["scratch"])
     log = ""
     try:

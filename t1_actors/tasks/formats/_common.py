@@ -80,21 +80,35 @@ _HARNESS_PACKAGES = {"pytest", "pytest-json-ctrf", "uv"}  # the verifier brings 
 def runner_dependencies(script: str) -> list[str]:
     """Requirements a runner script installs for its tests (pip / uv pip / uv add / uvx --with)."""
     found: list[str] = []
-    lines = script.replace("\\\n", " ").splitlines()
-    for line in lines:
+    for line in script.replace("\\\n", " ").splitlines():
         line = line.split("#", 1)[0]
         words: list[str] = []
         for match in (*_PIP_INSTALL.finditer(line), *_UV_ADD.finditer(line)):
-            words += _shell_words(match.group(1))
+            words += _requirements(_shell_words(match.group(1)))
         if "uvx" in line:
             words += [m.group(1) for m in _UVX_WITH.finditer(line)]
         for word in words:
-            if word.startswith("-") or "$" in word or word.endswith((".txt", ".toml")) and "/" in word:
-                continue
-            name = re.split(r"[<>=!~\[ ]", word, maxsplit=1)[0].lower()
+            name = re.split(r"[<>=!~\[ ;]", word, maxsplit=1)[0].lower()
             if name and name not in _HARNESS_PACKAGES and word not in found:
                 found.append(word)
     return found
+
+
+_OPTIONS_WITH_VALUE = {"-r", "--requirement", "-c", "--constraint", "-e", "--editable", "-i", "--index-url",
+                       "--extra-index-url", "-f", "--find-links", "-p", "--python", "-t", "--target"}
+
+
+def _requirements(words: list[str]) -> list[str]:
+    """The package requirements among an install command's words (no options, files, URLs or variables)."""
+    kept, skip_next = [], False
+    for word in words:
+        if skip_next:
+            skip_next = False
+        elif word in _OPTIONS_WITH_VALUE:
+            skip_next = True
+        elif not (word.startswith(("-", ".")) or "/" in word or "$" in word or word.endswith((".txt", ".whl"))):
+            kept.append(word)
+    return kept
 
 
 def runner_targets(script: str, test_files: dict[str, Any]) -> list[str]:

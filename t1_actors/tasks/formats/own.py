@@ -17,8 +17,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from ..errors import TaskFormatError
 from ..model import Task
 from ._common import build_task, expect, read_text, read_tree, write_bytes
@@ -72,6 +70,7 @@ def load_own(path: Path) -> Task:
 
 def write_own(task: Task, directory: str | Path) -> Path:
     """Write ``task`` into ``directory`` (created; must be empty or absent) in the own format."""
+    import tomli_w  # the TOML writer (tomllib only reads); imported here so loading never needs it
     root = Path(directory)
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(f"{root} is not empty; write_task needs a fresh directory")

@@ -91,6 +91,13 @@ def number(path):
     return int(Path(path).read_text().strip())
 
 
+def tar_files(path):
+    """The regular files of a tar archive by their last two path parts (dir/name), with their text."""
+    with tarfile.open(path) as archive:
+        return {"/".join(m.name.split("/")[-2:]): archive.extractfile(m).read().decode()
+                for m in archive.getmembers() if m.isfile()}
+
+
 def git(repo, *args):
     return subprocess.run(["git", "-c", "safe.directory=*", "-C", repo, *args],
                           capture_output=True, text=True, timeout=10)

@@ -13,8 +13,8 @@ def write_lines(rng: random.Random) -> Draft:
     first, second = distinct(rng, WORDS, 2)
     path = f"/app/{name}.txt"
     return Draft(
-        instruction=f"Write the word {first} to {path}, then append the word {second} as a second line.",
-        commands=[f"echo {first} > {path}", f"echo {second} >> {path}"],
+        instruction=f"Write the word '{first}' to {path}, then append the word '{second}' as a second line.",
+        commands=[f"echo '{first}' > {path}", f"echo '{second}' >> {path}"],
         checks=[
             Check("file_exists", f"assert Path({path!r}).is_file()"),
             Check("first_line", f"assert lines({path!r})[:1] == [{first!r}]"),
@@ -39,7 +39,7 @@ def sort_unique(rng: random.Random) -> Draft:
             Check("sorted_exists", f"assert Path({dst!r}).is_file()"),
             Check("sorted_order", f"assert lines({dst!r}) == sorted(lines({dst!r})) and lines({dst!r})"),
             Check("no_duplicates", f"assert len(set(lines({dst!r}))) == len(lines({dst!r})) > 0"),
-            Check("same_lines", f"assert set(lines({dst!r})) == {set(unique)!r}"),
+            Check("same_lines", f"assert sorted(set(lines({dst!r}))) == {unique!r}"),
             Check("source_unchanged", f"assert read({src!r}) == {text(body)!r}"),
             Check("count_written", f"assert number({cnt!r}) == {len(unique)}"),
         ],
@@ -80,8 +80,8 @@ def replace_word(rng: random.Random) -> Draft:
     after = [" ".join(new if w == old else w for w in line.split()) for line in body]
     path, out = f"/app/{name}.txt", f"/app/{matches}.txt"
     return Draft(
-        instruction=f"In {path} replace every {old} with {new}, then save the lines containing {new} to {out}.",
-        commands=[f"sed -i 's/{old}/{new}/g' {path}", f"grep {new} {path} > {out}"],
+        instruction=f"In {path} replace every '{old}' with '{new}', then save the lines containing '{new}' to {out}.",
+        commands=[f"sed -i 's/{old}/{new}/g' {path}", f"grep '{new}' {path} > {out}"],
         checks=[
             Check("old_word_gone", f"assert {old!r} not in read({path!r}).split()"),
             Check("new_word_count", f"assert read({path!r}).split().count({new!r}) == {text(after).split().count(new)}"),
@@ -104,9 +104,9 @@ def count_matches(rng: random.Random) -> Draft:
     path = f"/app/{name}.txt"
     hits = sum(word in line.split() for line in body)
     return Draft(
-        instruction=(f"Write the number of lines of {path} that contain {word} to /app/count.txt, "
+        instruction=(f"Write the number of lines of {path} that contain '{word}' to /app/count.txt, "
                      f"and its total number of lines to /app/total.txt."),
-        commands=[f"grep -c {word} {path} > /app/count.txt", f"wc -l < {path} > /app/total.txt"],
+        commands=[f"grep -c '{word}' {path} > /app/count.txt", f"wc -l < {path} > /app/total.txt"],
         checks=[
             Check("count_exists", "assert Path('/app/count.txt').is_file()"),
             Check("count_correct", f"assert number('/app/count.txt') == {hits}"),
@@ -129,8 +129,8 @@ def sum_column(rng: random.Random) -> Draft:
     return Draft(
         instruction=(f"Add up column {column} of {path} and write the sum to {total}, "
                      f"and its largest value to {largest}."),
-        commands=[f"awk -F, '{{s+=${column}}} END {{print s}}' {path} > {total}",
-                  f"cut -d, -f{column} {path} | sort -n | tail -n 1 > {largest}"],
+        commands=[f"cut -d, -f {column} {path} | awk '{{s+=$1}} END {{print s}}' > {total}",
+                  f"cut -d, -f {column} {path} | sort -n | tail -n 1 > {largest}"],
         checks=[
             Check("sum_exists", f"assert Path({total!r}).is_file()"),
             Check("sum_correct", f"assert number({total!r}) == {sum(values)}"),
@@ -151,8 +151,8 @@ def grep_split(rng: random.Random) -> Draft:
     rng.shuffle(body)
     src, hits, rest = f"/app/{log}.log", f"/app/{hits_name}.txt", f"/app/{rest_name}.txt"
     return Draft(
-        instruction=f"Save the lines of {src} that contain {word} to {hits} and all other lines to {rest}.",
-        commands=[f"grep {word} {src} > {hits}", f"grep -v {word} {src} > {rest}"],
+        instruction=f"Save the lines of {src} that contain '{word}' to {hits} and all other lines to {rest}.",
+        commands=[f"grep '{word}' {src} > {hits}", f"grep -v '{word}' {src} > {rest}"],
         checks=[
             Check("hits_exist", f"assert Path({hits!r}).is_file()"),
             Check("hits_content", f"assert lines({hits!r}) == {[l for l in body if word in l.split()]!r}"),
