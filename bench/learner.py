@@ -54,7 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trajectories", type=int, default=8)
     parser.add_argument("--length", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

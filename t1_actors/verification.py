@@ -299,17 +299,38 @@ class Verifier:
             return self._failed(task, trial, sha, str(exc), start)
         except Exception as exc:  # noqa: BLE001 - the verifier's own machinery broke: never a score
             return self._failed(task, trial, sha, f"{type(exc).__name__}: {exc}", start)
+        return self._scored(task, trial, sha, {**reply, "tamper_flags": flags}, start)
+
+    def verify_in_sandbox(self, task: "Task", sandbox) -> Verification:
+        """Verify a trial whose root this host cannot mount (a Daytona sandbox): the tests and a trusted
+        pytest bundle go into the sandbox only now (see ``_sandbox/remote_verify.py`` for what is weaker)."""
+        from .backends._sandbox.remote_verify import pytest_bundle, verify_in_sandbox
+
+        start = time.monotonic()
+        sha = tree_sha256(task.tests.files)
+        trial = _Named(sandbox.trial_id)
+        try:
+            tests_dir, sha = self.pristine.materialise(task)
+            files = _tree_on_disk(tests_dir)
+            reply = verify_in_sandbox(sandbox, task, files, pytest_bundle(self.base / "bundles"))
+        except SandboxInfraError as exc:
+            return self._failed(task, trial, sha, str(exc), start)
+        except Exception as exc:  # noqa: BLE001 - the verifier's own machinery broke: never a score
+            return self._failed(task, trial, sha, f"{type(exc).__name__}: {exc}", start)
+        return self._scored(task, trial, sha, reply, start)
+
+    def _scored(self, task: "Task", trial, sha: str, reply: dict, start: float) -> Verification:
         if reply.get("infra_error"):
-            return self._failed(task, trial, sha, reply["infra_error"], start, flags)
+            return self._failed(task, trial, sha, reply["infra_error"], start, reply.get("tamper_flags"))
         tests = dict(reply["tests"])
         for nodeid in reply["collected"]:
             tests.setdefault(nodeid, "timeout" if reply["timed_out"] else "not_run")
         passed = sum(outcome == "passed" for outcome in tests.values())
         return Verification(trial.trial_id, task.id, tests, passed, len(tests), reward(passed), REWARD_SCALE, sha,
-                            flags, None, bool(reply["timed_out"]), time.monotonic() - start, reply.get("log", ""),
-                            reply.get("phases", {}))
+                            list(reply.get("tamper_flags", [])), None, bool(reply["timed_out"]),
+                            time.monotonic() - start, reply.get("log", ""), reply.get("phases", {}))
 
-    def _failed(self, task: "Task", trial: TrialRoot, sha: str, error: str, start: float,
+    def _failed(self, task: "Task", trial, sha: str, error: str, start: float,
                 flags: list[str] | None = None) -> Verification:
         return Verification(trial.trial_id, task.id, {}, 0, 0, 0.0, REWARD_SCALE, sha, flags or [], error,
                             False, time.monotonic() - start)
@@ -325,6 +346,11 @@ class Verifier:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class _Named:
+    trial_id: str
 
 
 def missing_dependencies(requirements: list[str]) -> list[str]:

@@ -6,6 +6,9 @@ trial's layers under ``[sandbox.local] base_dir`` (``locate_trial``), so the ver
 sandbox's host and is asked before ``SandboxClose``. An infrastructure failure (no such trial, a broken
 verifier store, a missing test dependency) is a ``VerifierResult`` with ``infra_error`` set and reward 0:
 the consumer drops it, never trains on it.
+
+With ``[sandbox] backend = "daytona"`` the verifier attaches to the trial's Daytona sandbox by its stable
+name and runs the tests inside it (``Verifier.verify_in_sandbox``; weaker trust, see remote_verify.py).
 """
 
 from __future__ import annotations
@@ -29,14 +32,23 @@ class VerifierActor(Actor):
 
         self.verifier_config: VerifierConfig = self.config.section("verifier")
         sandbox_config: SandboxConfig = self.config.section("sandbox")
-        if sandbox_config.backend != "local":
-            raise SandboxInfraError(f"the verifier reads trial roots of the local sandbox backend; [sandbox] backend "
-                                    f"is {sandbox_config.backend!r} (verification inside Daytona is not implemented)")
         self.sandbox_dir = sandbox_config.local.base_dir
+        self.daytona = None
+        if sandbox_config.backend == "daytona":
+            from .backends.daytona_sandbox import DaytonaSandboxBackend
+
+            self.daytona = await trio.to_thread.run_sync(DaytonaSandboxBackend, sandbox_config.daytona)
         self.tasks = await trio.to_thread.run_sync(build_task_sets, self.config.section("tasks"))
         self.verifier = Verifier(self.verifier_config)
         self._done = 0
         self._infra = 0
+
+    def _verify_daytona(self, task, trial_id: str):
+        sandbox = self.daytona.attach(task, trial_id)  # the sandbox actor owns it; we only attach
+        try:
+            return self.verifier.verify_in_sandbox(task, sandbox)
+        finally:
+            sandbox.close()
 
     async def teardown(self) -> None:
         verifier = getattr(self, "verifier", None)
@@ -51,14 +63,16 @@ class VerifierActor(Actor):
     async def verify(self, request: VerifyRequest) -> VerifierResult:
         try:
             task = self.tasks.get(request.task_id)
-            trial = locate_trial(self.sandbox_dir, request.trial_id)
+            if self.daytona is not None:
+                outcome = await trio.to_thread.run_sync(self._verify_daytona, task, request.trial_id)
+            else:
+                trial = locate_trial(self.sandbox_dir, request.trial_id)
+                outcome = await trio.to_thread.run_sync(self.verifier.verify, task, trial)
+            event = outcome.to_event()
         except (KeyError, SandboxInfraError) as exc:
             event = VerifierResult(trial_id=request.trial_id, task_id=request.task_id, tests={}, passed=0, total=0,
                                    reward=0.0, reward_scale=REWARD_SCALE, verifier_sha256="",
                                    infra_error=str(exc).strip("'\""))
-        else:
-            outcome = await trio.to_thread.run_sync(self.verifier.verify, task, trial)
-            event = outcome.to_event()
         self._done += 1
         self._infra += event.infra_error is not None
         await self.log(event)

@@ -25,9 +25,10 @@ def test_expert_count_is_layers_experts_three_matrices():
 
 
 def test_tiny_count_matches_the_real_policy():
-    model_mod = pytest.importorskip("t1_actors.policy.model")
+    from t1_actors.policy.model import MoEPolicy
+
     config = ModelConfig()
-    policy = model_mod.MoEPolicy(config)
+    policy = MoEPolicy(config)
     real = sum(p.numel() for p in policy.parameters())
     assert cap.count_params(config).total == real
 

@@ -240,3 +240,30 @@ def test_failed_setup_deletes_the_sandbox(standin, backend):
 def test_missing_api_key_is_a_clear_error():
     with pytest.raises(SandboxInfraError, match=r"\$T1_NO_SUCH_KEY"):
         DaytonaSandboxBackend(DaytonaSandboxConfig(api_url="http://127.0.0.1:9", api_key_env="T1_NO_SUCH_KEY"))
+
+
+def test_verification_inside_a_daytona_sandbox(standin, backend, tmp_path):
+    from t1_actors.verification import Verifier, VerifierConfig
+
+    tests = ("import os\n\ndef test_answer():\n    assert open('/app/answer.txt').read().strip() == '42'\n\n"
+             "def test_env():\n    assert os.environ['TEST_DIR'] == '/tests' and os.getcwd() == '/app'\n\n"
+             "def test_impossible():\n    assert os.path.exists('/app/impossible')\n")
+    task = Task(id="remote", family="test", instruction="x", tests=TaskTests(files={"test_outputs.py": tests}),
+                environment=Environment(files={"/app/conftest_like.txt": FileSpec(content="fine")}))
+    with Verifier(VerifierConfig(base_dir=str(tmp_path / "verifier"))) as verifier:
+        with backend.open(task, "remote-honest") as sandbox:
+            sandbox.exec("echo 42 > /app/answer.txt")
+            attached = backend.attach(task, "remote-honest")
+            honest = verifier.verify_in_sandbox(task, attached)
+            attached.close()  # detaches: the owner's sandbox stays
+            assert sandbox.exec("true").exit_code == 0
+        with backend.open(task, "remote-cheat") as sandbox:
+            sandbox.exec("echo 42 > /app/answer.txt; printf 'import pytest\\n@pytest.hookimpl(hookwrapper=True)\\n"
+                         "def pytest_runtest_makereport(item, call):\\n    o = yield\\n    o.get_result().outcome = "
+                         "\"passed\"\\n' > /app/conftest.py")
+            cheat = verifier.verify_in_sandbox(task, sandbox)
+    assert honest.infra_error is None, honest.infra_error
+    assert honest.tests == {"test_outputs.py::test_answer": "passed", "test_outputs.py::test_env": "passed",
+                            "test_outputs.py::test_impossible": "failed"}
+    assert honest.passed == 2 and honest.reward == 0.1 and honest.tamper_flags == []
+    assert cheat.passed == 2 and "conftest_planted:/app/conftest.py" in cheat.tamper_flags

@@ -39,7 +39,8 @@ def tb_task(root: Path, name: str, **overrides: str | None) -> Path:
                      "tags: [shell]\nmax_agent_timeout_sec: 90\nmax_test_timeout_sec: 15\n",
         "Dockerfile": "FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\nWORKDIR /app\n",
         "solution.sh": f"#!/bin/bash\necho {name} > /app/{name}.txt\n",
-        "run-tests.sh": "#!/bin/bash\npip install pytest==8.4.1 requests==2.32.3\npytest $TEST_DIR/test_outputs.py -rA\n",
+        "run-tests.sh": "#!/bin/bash\npip install pytest==8.4.1 requests==2.32.3\n"
+                        "pytest $TEST_DIR/test_outputs.py -rA\n",
         "tests/test_outputs.py": f"def test_file():\n    assert open('/app/{name}.txt').read() == '{name}\\n'\n",
     }
     files.update(overrides)
@@ -194,7 +195,8 @@ def write_harbor_trio(root: Path) -> None:
     })
     harbor_task(root, "built-by-run", **{
         "environment/Dockerfile": "FROM ubuntu:24.04\nWORKDIR /app\nRUN mkdir -p /opt/data && "
-                                  "printf 'a\\nb\\n' > /opt/data/src.txt && cp /opt/data/src.txt /app/built-by-run.txt\n",
+                                  "printf 'a\\nb\\n' > /opt/data/src.txt && "
+                                  "cp /opt/data/src.txt /app/built-by-run.txt\n",
         "environment/built-by-run.txt": None,
         "tests/test_source.py": "def test_source_kept():\n    assert open('/opt/data/src.txt').read() == 'a\\nb\\n'\n",
     })
@@ -215,7 +217,8 @@ def test_written_tasks_run_through_the_sandbox_and_verifier(tmp_path):
             for oracle in (True, False):
                 with backend.open(task, f"{task.id}-{oracle}") as sandbox:
                     if oracle and task.oracle.commands:
-                        assert [sandbox.exec(c).exit_code for c in task.oracle.commands] == [0] * len(task.oracle.commands)
+                        exits = [sandbox.exec(command).exit_code for command in task.oracle.commands]
+                        assert exits == [0] * len(exits)
                     elif oracle:
                         sandbox.write_file("/tmp/solve.sh", task.oracle.script.encode(), 0o755)
                         assert sandbox.exec("bash /tmp/solve.sh").exit_code == 0
@@ -262,7 +265,8 @@ def test_own_format_round_trips_external_tasks(tmp_path):
         assert back.model_dump(exclude={"environment": {"context_dir"}}) == \
             task.model_dump(exclude={"environment": {"context_dir"}})
         context = Path(back.environment.context_dir)
-        assert sorted(p.name for p in context.iterdir()) == sorted(p.name for p in Path(task.environment.context_dir).iterdir())
+        original = Path(task.environment.context_dir)
+        assert sorted(p.name for p in context.iterdir()) == sorted(p.name for p in original.iterdir())
 
 
 def test_own_format_keeps_modes_and_files_outside_app(tmp_path):

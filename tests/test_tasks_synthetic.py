@@ -130,7 +130,8 @@ def test_tests_are_valid_pytest_modules_with_one_function_per_check(train):
     for task in train[: 3 * len(FAMILIES)]:
         (name, source), = task.tests.files.items()
         module = ast.parse(source)
-        tests = [node.name for node in module.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+        functions = [node.name for node in module.body if isinstance(node, ast.FunctionDef)]
+        tests = [name for name in functions if name.startswith("test_")]
         assert len(tests) == len(set(tests)) == task.metadata["checks"]
         assert task.tests.targets == [name] and task.tests.command == f"pytest -rA {TESTS_DIR}/{name}"
 

@@ -13,10 +13,10 @@ The API key is read from the environment variable named by ``api_key_env``, neve
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
-import secrets
 import shlex
 import threading
 import time
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ._sandbox.interface import BuildReport, ExecResult, SandboxInfraError
+from ._sandbox.remote_verify import ENV_READY_MARKER
 
 if TYPE_CHECKING:
     from t1_actors.tasks.model import Task
@@ -46,6 +47,7 @@ class DaytonaSandboxConfig(BaseModel):
     create_timeout_s: float = Field(180.0, gt=0)
     delete_timeout_s: float = Field(60.0, gt=0)
     auto_stop_minutes: int = Field(15, ge=0, description="Daytona stops a forgotten sandbox after this idle time")
+    name_prefix: str = Field("t1-", description="sandbox names are prefix + trial id (make it unique per run)")
     state_by_polling: bool = Field(False, description="observe sandbox state by polling instead of the event stream")
 
 
@@ -87,8 +89,21 @@ class DaytonaSandboxBackend:
         resources = Resources(cpu=max(1, math.ceil(task.limits.cpus)), memory=max(1, math.ceil(task.limits.memory_mb / 1024)))
         return CreateSandboxFromImageParams(image=image, resources=resources, **common)
 
+    def sandbox_name(self, trial_id: str) -> str:
+        """The Daytona name of a trial's sandbox: stable, so another process (the verifier) can attach."""
+        digest = hashlib.sha256(trial_id.encode()).hexdigest()[:10]
+        return f"{self.config.name_prefix}{re.sub(r'[^a-z0-9-]', '-', trial_id.lower())[:40]}-{digest}"
+
+    def attach(self, task: "Task", trial_id: str) -> "DaytonaSandbox":
+        """The open sandbox of ``trial_id`` (created by any process); closing it detaches, never deletes."""
+        try:
+            remote = self.client.get(self.sandbox_name(trial_id))
+        except Exception as exc:  # noqa: BLE001
+            raise SandboxInfraError(f"no Daytona sandbox for trial {trial_id}: {exc}") from exc
+        return DaytonaSandbox(self, task, trial_id, remote, BuildReport(task.environment.base_image), owned=False)
+
     def open(self, task: "Task", trial_id: str) -> "DaytonaSandbox":
-        name = f"t1-{re.sub(r'[^a-z0-9-]', '-', trial_id.lower())[:40]}-{secrets.token_hex(3)}"
+        name = self.sandbox_name(trial_id)
         start = time.monotonic()
         try:
             remote = self.client.create(self._params(task, name), timeout=self.config.create_timeout_s)
@@ -128,7 +143,9 @@ class DaytonaSandboxBackend:
 
 
 class DaytonaSandbox:
-    def __init__(self, backend: DaytonaSandboxBackend, task: "Task", trial_id: str, remote: Any, build: BuildReport):
+    def __init__(self, backend: DaytonaSandboxBackend, task: "Task", trial_id: str, remote: Any, build: BuildReport,
+                 owned: bool = True):
+        self.owned = owned  # False when attached: close() detaches and leaves the sandbox to its owner
         self.backend = backend
         self.task = task
         self.trial_id = trial_id
@@ -149,6 +166,7 @@ class DaytonaSandbox:
             self._checked(modes, "file modes")
         for i, command in enumerate(environment.setup):
             self._checked(command, f"setup command {i}", timeout_s=self.task.limits.build_timeout_s)
+        self._checked(f"touch {ENV_READY_MARKER}", "environment marker")  # tamper scans look past it
 
     def _checked(self, command: str, what: str, timeout_s: float = 60) -> None:
         result = self.exec(command, timeout_s)
@@ -200,6 +218,8 @@ class DaytonaSandbox:
             return
         self._closed = True
         self.backend._forget(self)
+        if not self.owned:
+            return
         try:
             self.backend.client.delete(self.remote, timeout=self.backend.config.delete_timeout_s)
         except Exception as exc:  # noqa: BLE001

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import io
-import json
 import secrets
 import shlex
 import zipfile
@@ -44,8 +43,8 @@ def pytest_bundle(cache_dir: Path) -> bytes:
             distribution = importlib.metadata.distribution(name)
             for file in distribution.files or []:
                 parts = Path(str(file)).parts
-                if not parts or parts[0].endswith((".dist-info", ".egg-info")) or ".." in parts \
-                        or "__pycache__" in parts or not str(file).endswith(".py") and not str(file).endswith(".typed"):
+                metadata = not parts or parts[0].endswith((".dist-info", ".egg-info")) or ".." in parts
+                if metadata or "__pycache__" in parts or not str(file).endswith((".py", ".typed")):
                     continue
                 bundle.write(distribution.locate_file(file), str(file))
         bundle.write(Path(__file__).with_name("pytest_outcomes.py"), "t1_pytest_outcomes.py")
@@ -134,7 +133,3 @@ def _tamper_flags(sandbox: Any) -> list[str]:
                 "reward_file_written" if name.startswith(("reward", "result", "ctrf")) else "fake_pytest")
         flags.append(f"{kind}:{line}")
     return flags
-
-
-def summary(outcome: dict) -> str:
-    return json.dumps({k: outcome[k] for k in ("collected", "timed_out")})

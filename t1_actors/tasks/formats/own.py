@@ -49,7 +49,8 @@ def load_own(path: Path) -> Task:
     environment["files"] = files
     if (path / "Dockerfile").is_file():
         environment["dockerfile"] = read_text(path / "Dockerfile")
-        environment["context_dir"] = str((path / "context").resolve() if (path / "context").is_dir() else path.resolve())
+        context = path / "context" if (path / "context").is_dir() else path
+        environment["context_dir"] = str(context.resolve())
 
     oracle = dict(expect(spec.pop("oracle", {}), dict, spec_file, "oracle", "a table"))
     if (path / "solution.sh").is_file():

@@ -2,9 +2,13 @@
 
 Families of shell work (files and directories, text, search and replace, counting, aggregation,
 archives, permissions, scripts, git) draw templated parameters from small vocabularies. Each task
-has a short formulaic instruction whose paths appear verbatim in its 1-3 oracle commands (what a
-tiny policy can learn to copy), and a pytest verifier of 4-18 separate checks, so partial progress
-earns partial reward r = P / 20.
+has a short formulaic instruction whose parameters appear verbatim in its 2-3 oracle commands, and a
+pytest verifier of 4-18 separate checks, so partial progress earns partial reward r = P / 20.
+
+Copyability, after the probe in DESIGN.md: a tiny policy copies a parameter that is the same token
+in instruction and command. Paths are (``/app/NAME.txt`` both places); a bare word is not (BPE reads
+``Ġpink`` after a space but ``pink`` after ``/`` in ``s/pink/song/``), so literal words are quoted
+in both: ``replace every 'pink' with 'song'`` -> ``sed -i 's/pink/song/g'``, ``grep 'song'``.
 
 Splits are disjoint by construction: a task belongs to the split its (family, instruction) hashes
 to, so no instruction of the train split ever appears in the eval split, whatever the seeds.

@@ -35,8 +35,9 @@ def archive_pack(rng: random.Random) -> Draft:
         Check("archive_is_gzip_tar", f"assert tarfile.is_tarfile({archive!r})\n"
                                      f"assert open({archive!r}, 'rb').read(2) == b'\\x1f\\x8b'"),
     ]
-    checks += [Check(identifier("packed", name), f"assert tar_files({archive!r})[{f'{directory}/{name}'!r}] == {body!r}")
-               for name, body in members.items()]
+    for name, body in members.items():
+        member = f"{directory}/{name}"
+        checks.append(Check(identifier("packed", name), f"assert tar_files({archive!r})[{member!r}] == {body!r}"))
     checks += [
         Check("nothing_else_packed", f"assert sorted(tar_files({archive!r})) == {expected!r}"),
         Check("directory_removed", f"assert not Path({f'/app/{directory}'!r}).exists()"),

@@ -1,0 +1,222 @@
+"""The main job end to end: `t1-actor launch --config ... --quick` with all six actors as processes.
+
+Two real campaigns, each a few minutes on 2 cores (marked slow; CI runs them):
+- a plain one: every actor ran, the log holds every event type, summary and plots exist, and nothing
+  (actor process, sandbox mount, trial root) is left behind;
+- a hostile one: a deliberately slow sampler with max_staleness = 0 makes stale trajectories, which are
+  dropped and recorded; the learner is killed with SIGKILL mid-campaign, the supervisor restarts it,
+  and the campaign completes with no learner step or weight version lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from schemas import ActorLifecycle, LearnerStep, StalenessDecision, WeightsPublished, known_kinds
+from storage import EventLog
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "configs" / "tiny.toml"
+
+pytestmark = pytest.mark.slow
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return repr(value)
+
+
+def _dump(data: dict) -> str:
+    """A TOML writer for the config's shapes (tables, arrays of tables, scalars, small dicts)."""
+    lines: list[str] = []
+
+    def table(prefix: str, body: dict) -> None:
+        scalars = {k: v for k, v in body.items() if not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict))}
+        if prefix:
+            lines.append(f"[{prefix}]")
+        for k, v in scalars.items():
+            lines.append(f"{k} = {_toml(v)}")
+        for k, v in body.items():
+            if isinstance(v, dict):
+                if prefix and k == "options":
+                    continue
+                table(f"{prefix}.{k}" if prefix else k, v)
+            elif isinstance(v, list) and v and isinstance(v[0], dict):
+                for item in v:
+                    lines.append(f"[[{prefix + '.' if prefix else ''}{k}]]")
+                    for ik, iv in item.items():
+                        if isinstance(iv, dict):
+                            inner = ", ".join(f"{a} = {_toml(b)}" for a, b in iv.items())
+                            lines.append(f"{ik} = {{ {inner} }}")
+                        else:
+                            lines.append(f"{ik} = {_toml(iv)}")
+
+    table("", data)
+    return "\n".join(lines) + "\n"
+
+
+def _micro_config(tmp_path: Path, **changes) -> Path:
+    """configs/tiny.toml shrunk further for tests (its [quick] tables still apply with --quick)."""
+    data = tomllib.loads(TINY.read_text())
+    data["quick"]["tasks"].update(train_size=200, eval_size=12)
+    data["quick"]["campaign"].update(sft_seconds=30, rl_seconds=40, warmup_trials=6, eval_concurrency=12)
+    data["quick"]["critic"] = {"warmup_trajectories": 4}
+    data["quick"]["staleness"] = {"batch_size": 6}
+    for section, values in changes.items():
+        if section == "actors":
+            data["actors"] = values
+        else:
+            data["quick"].setdefault(section, {}).update(values)
+    data["sandbox"] = {"local": {"base_dir": str(tmp_path / "sandbox")}}
+    data["verifier"] = {"base_dir": str(tmp_path / "verifier")}
+    path = tmp_path / "micro.toml"
+    path.write_text(_dump(data))
+    return path
+
+
+def _launch(config: Path, run_dir: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "t1_actors.cli", "launch", "--config", str(config), "--quick",
+                             "--run-dir", str(run_dir)], cwd=ROOT, env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.split()
+    pairs = list(zip(map(int, out[0::2]), map(int, out[1::2])))
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in pairs:
+            if ppid == parent:
+                found.append(child)
+                frontier.append(child)
+    return found
+
+
+def _actor_processes(run_dir: Path) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in out if str(run_dir) in line and "t1_actors.cli" in line and "launch" not in line]
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("campaign")
+    run_dir = tmp / "run"
+    process = _launch(_micro_config(tmp), run_dir)
+    output, _ = process.communicate(timeout=900)
+    return process.returncode, output, run_dir, tmp
+
+
+def test_campaign_runs_all_six_actors_and_logs_every_event_type(plain_run):
+    code, output, run_dir, _ = plain_run
+    assert code == 0, output[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert sorted(summary["actors"]) == ["critic", "learner", "sampler", "sandbox", "staleness", "verifier"]
+    for label in ("eval_before", "eval_after"):
+        assert summary[label]["n"] == 12 and 0 <= summary[label]["resolved"] <= 12
+        assert {"resolved", "n", "mean_reward"} <= set(summary[label])
+    counts = EventLog.open(run_dir / "log").counts()
+    assert summary["events"] == counts
+    missing = set(known_kinds()) - set(counts)
+    # Every event kind of schemas/events.py is a fact this campaign produces.
+    from schemas import events as event_module
+    event_kinds = {cls.kind for cls in vars(event_module).values()
+                   if isinstance(cls, type) and issubclass(cls, event_module.Event) and cls.kind}
+    assert event_kinds - set(counts) == set(), f"event types never logged: {sorted(event_kinds & missing)}"
+    assert counts["learner_step"] >= 1 and counts["weights_published"] >= 2
+    for name in ("overview.png",):
+        assert (run_dir / "report" / name).stat().st_size > 1000
+
+
+def test_campaign_leaves_no_process_sandbox_or_mount_behind(plain_run):
+    _, _, run_dir, tmp = plain_run
+    assert _actor_processes(run_dir) == []
+    mounts = Path("/proc/mounts").read_text()
+    assert str(tmp / "sandbox") not in mounts, "a trial root is still mounted"
+    trials = tmp / "sandbox" / "trials"
+    assert not trials.exists() or list(trials.iterdir()) == [], "a trial's throwaway root was not removed"
+    log = EventLog.open(run_dir / "log")
+    cancelled = [e for _, e in log.events(kinds=["staleness_decision"]) if e.decision == "cancel"]
+    stopped = [e for _, e in log.events(kinds=["actor_lifecycle"]) if e.state == "stopped"]
+    assert len({e.actor for e in stopped}) == 6
+    assert all(e.reason for e in cancelled)
+
+
+@pytest.fixture(scope="module")
+def hostile_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile")
+    run_dir = tmp / "run"
+    data = tomllib.loads(TINY.read_text())
+    actors = data["actors"]
+    for spec in actors:
+        if spec["role"] == "sampler":
+            spec["actor_class"] = "slow_sampler:SlowSampler"
+    config = _micro_config(tmp, actors=actors, staleness={"batch_size": 4, "max_staleness": 0, "oversample": 1.0},
+                           campaign={"rl_seconds": 75})
+    env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    process = _launch(config, run_dir, env)
+    killed = None
+    deadline = time.monotonic() + 900
+    while process.poll() is None and time.monotonic() < deadline and killed is None:
+        time.sleep(1.0)
+        log_dir = run_dir / "log"
+        if not log_dir.exists():
+            continue
+        try:
+            log = EventLog.open(log_dir)
+            steps = [e for _, e in log.events(kinds=["learner_step"])]
+            starts = [e for _, e in log.events(kinds=["actor_lifecycle"])
+                      if e.role == "learner" and e.state in ("started", "restarted")]
+        except Exception:
+            continue
+        if steps and starts:
+            killed = starts[-1].pid
+            os.kill(killed, signal.SIGKILL)
+    output, _ = process.communicate(timeout=max(60, deadline - time.monotonic()))
+    return process.returncode, output, run_dir, killed
+
+
+def test_slow_sampler_makes_stale_trajectories_that_are_dropped_and_recorded(hostile_run):
+    code, output, run_dir, _ = hostile_run
+    assert code == 0, output[-4000:]
+    log = EventLog.open(run_dir / "log")
+    decisions = [e for _, e in log.events(kinds=["staleness_decision"]) if isinstance(e, StalenessDecision)]
+    dropped = [d for d in decisions if d.decision == "drop" and d.lag > 0]
+    assert dropped, Counter(d.decision for d in decisions)
+    for d in dropped:
+        assert d.lag > 0 and "max_staleness" in d.reason
+        assert any(e.kind == "trajectory" for _, e in log.by_trial(d.trial_id)), "a dropped trajectory is kept"
+
+
+def test_learner_killed_mid_campaign_is_restarted_and_nothing_is_lost_or_duplicated(hostile_run):
+    code, output, run_dir, killed = hostile_run
+    assert killed is not None, "the learner was never seen stepping"
+    assert code == 0, output[-4000:]
+    log = EventLog.open(run_dir / "log")
+    lifecycle = [e for _, e in log.events(kinds=["actor_lifecycle"]) if isinstance(e, ActorLifecycle)]
+    assert any(e.role == "learner" and e.state == "died" and e.pid == killed for e in lifecycle)
+    assert any(e.role == "learner" and e.state == "restarted" for e in lifecycle)
+    steps = [e for _, e in log.events(kinds=["learner_step"]) if isinstance(e, LearnerStep)]
+    assert [s.step for s in steps] == list(range(len(steps))), "a step was lost or logged twice"
+    trained = [t for s in steps for t in s.trials]
+    assert len(trained) == len(set(trained)), "a trajectory was trained twice"
+    admitted = {e.trial_id for _, e in log.events(kinds=["staleness_decision"]) if e.decision == "admit"}
+    assert set(trained) <= admitted
+    versions = [e.version for _, e in log.events(kinds=["weights_published"]) if isinstance(e, WeightsPublished)]
+    assert sorted(versions) == list(range(len(versions))), versions
+    assert json.loads((run_dir / "summary.json").read_text())["eval_after"] is not None
