@@ -75,29 +75,42 @@ class OracleProducer:
     """A background thread that executes oracle trajectories of fresh training tasks in sandboxes."""
 
     def __init__(self, tasks: list, execute_oracle: Callable[[Any], list[str] | None], tokenizer,
-                 tool_output_chars: int, max_len: int, capacity: int = 4096):
-        self._tasks, self._execute, self._tokenizer = tasks, execute_oracle, tokenizer
+                 tool_output_chars: int, max_len: int, capacity: int = 4096, workers: int = 2):
+        self._tasks, self._execute, self._tokenizer = iter(tasks), execute_oracle, tokenizer
         self._chars, self._max_len = tool_output_chars, max_len
         self._queue: queue.Queue = queue.Queue(maxsize=capacity)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="oracle-producer", daemon=True)
+        self._lock = threading.Lock()
+        # Sandbox execs mostly wait on child processes, so a couple of threads keep up with training.
+        self._threads = [threading.Thread(target=self._run, name=f"oracle-producer-{i}", daemon=True)
+                         for i in range(workers)]
         self.failures = 0
 
     def __enter__(self) -> "OracleProducer":
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+    def _next_task(self):
+        with self._lock:
+            return next(self._tasks, None)
+
+    def _alive(self) -> bool:
+        return any(thread.is_alive() for thread in self._threads)
 
     def _run(self) -> None:
-        for task in self._tasks:
+        while (task := self._next_task()) is not None:
             if self._stop.is_set():
                 return
             outputs = self._execute(task)
             if outputs is None:
-                self.failures += 1
+                with self._lock:
+                    self.failures += 1
                 continue
             example = sft_example(oracle_messages(task.instruction, oracle_trajectory(task), outputs, self._chars),
                                   self._tokenizer)
@@ -115,7 +128,7 @@ class OracleProducer:
             try:
                 out.append(self._queue.get(timeout=0.5))
             except queue.Empty:
-                if not self._thread.is_alive():
+                if not self._alive():
                     break
         while True:
             try:
@@ -177,7 +190,7 @@ def supervised_finetune(model, producer: OracleProducer, *, seconds: float, batc
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         steps, seen, tokens = steps + 1, seen + len(batch), tokens + int(attention.sum())
-        losses.append(float(loss))
+        losses.append(loss.item())
         if progress:
             progress(steps, float(loss))
     elapsed = time.monotonic() - start

@@ -177,3 +177,10 @@ def test_script_oracle_lines_share_one_shell(runner, tmp_path):
     audit = audit_task(task, runner, determinism=False)
     assert audit.ok, audit.to_json()
     assert audit.soft["oracle_steps"] == 4
+
+
+def test_tests_directory_visible_to_the_agent_is_a_leak(runner):
+    task = own_task("tests-dir", files={"/tests/test_outputs.py": GOOD_TEST})
+    audit = audit_task(task, runner, determinism=False)
+    leak = next(g for g in audit.gates if g.name == "no_leakage")
+    assert not leak.passed and "LEAK" not in leak.detail and "/tests" in leak.detail

@@ -146,6 +146,22 @@ def test_extra_compose_services_are_noted(tmp_path):
     compose = TB_COMPOSE + "  redis:\n    image: redis:7\n"
     task = load_task(tb_task(tmp_path, "services", **{"docker-compose.yaml": compose}))
     assert task.metadata["services"] == ["redis"]
+    harbor = load_task(harbor_task(tmp_path, "sidecar", **{
+        "environment/docker-compose.yaml": "services:\n  main:\n    build: .\n  db:\n    image: postgres:16\n"}))
+    assert harbor.metadata["services"] == ["db"]
+
+
+def test_compose_build_context_and_dockerfile(tmp_path):
+    compose = TB_COMPOSE.replace("      dockerfile: Dockerfile\n", "      context: ./env\n      dockerfile: Custom\n")
+    path = tb_task(tmp_path, "ctx", **{"docker-compose.yaml": compose, "Dockerfile": None,
+                                       "env/Custom": "FROM python:3.12\nWORKDIR /srv/app/\n"})
+    task = load_task(path)
+    assert task.environment.context_dir == str((path / "env").resolve())
+    assert task.environment.base_image == "python:3.12" and task.environment.workdir == "/srv/app"
+    (path / "env" / "Custom").unlink()
+    with pytest.raises(TaskFormatError, match="missing") as error:
+        load_task(path)
+    assert error.value.file == str((path / "env" / "Custom").resolve())
 
 
 # --- Harbor -----------------------------------------------------------------------------------

@@ -231,7 +231,7 @@ def leakage_probe(task: Task) -> str:
     markers = sorted({m for content in task.tests.files.values() if (m := _marker_line(content))})
     dirs = " ".join(shlex.quote(d) for d in sorted({task.environment.workdir, *AGENT_READABLE_DIRS}))
     lines = [f'for d in {shlex.quote(TESTS_DIR)} "${{TEST_DIR:-}}"; do '
-             '[ -n "$d" ] && [ -e "$d" ] && echo "LEAK directory $d"; done',
+             '[ -n "$d" ] && [ -n "$(ls -A "$d" 2>/dev/null)" ] && echo "LEAK directory $d (not empty)"; done',
              f"dirs=; for d in {dirs}; do [ -d \"$d\" ] && dirs=\"$dirs $d\"; done"]
     if names:
         name_expr = " -o ".join(f"-name {shlex.quote(n)}" for n in names)

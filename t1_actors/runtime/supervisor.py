@@ -236,8 +236,9 @@ class Supervisor:
         sup = self.config.supervisor
         first = True
         while not self._stopping:
-            if not first:  # a restart: wait for its first heartbeat anew (the first start keeps the
-                m.ready = trio.Event()  # Event that _wait_all_ready may already be waiting on)
+            # Wait for this start's first heartbeat anew; waiters on the old event wake and look again.
+            stale, m.ready = m.ready, trio.Event()
+            stale.set()
             m.last_heartbeat, m.kill_reason, m.silent_reported = None, None, False
             m.started_at = time.monotonic()
             m.process = await trio.lowlevel.open_process(self._command(m.spec), env=self._child_env(),

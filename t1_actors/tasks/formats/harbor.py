@@ -15,6 +15,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..errors import TaskFormatError
 from ..model import DEFAULT_WORKDIR, Task
 from ._common import (
@@ -66,6 +68,9 @@ def load_harbor(path: Path, *, split: str = "eval") -> Task:
             metadata[key] = [str(item) for item in value]
     if "version" in config:
         metadata["format_version"] = str(config["version"])
+    services = _compose_services(path / "environment")
+    if services:
+        metadata["services"] = services  # sidecars: the local sandbox names them as not honoured
 
     return build_task(
         config_file,
@@ -91,6 +96,20 @@ def load_harbor(path: Path, *, split: str = "eval") -> Task:
         source_format="harbor",
         metadata=metadata,
     )
+
+
+def _compose_services(environment: Path) -> list[str]:
+    """Services besides Harbor's agent container ('main') in environment/docker-compose.yaml."""
+    for name in ("docker-compose.yaml", "docker-compose.yml"):
+        file = environment / name
+        if file.is_file():
+            try:
+                compose = yaml.safe_load(read_text(file))
+            except yaml.YAMLError as exc:
+                raise TaskFormatError(file, None, f"not valid YAML: {exc}") from None
+            services = expect((compose or {}).get("services", {}), dict, file, "services", "a mapping of services")
+            return sorted(name for name in services if name != "main")
+    return []
 
 
 def _table(config: dict[str, Any], name: str, file: Path) -> dict[str, Any]:

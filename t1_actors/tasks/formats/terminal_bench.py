@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,9 @@ def load_terminal_bench(path: Path, *, split: str = "eval") -> Task:
     compose_file = path / "docker-compose.yaml"
     if not compose_file.exists():
         compose_file = path / "docker-compose.yml"
-    dockerfile_name, compose_env, services = _compose(compose_file) if compose_file.exists() else ("Dockerfile", {}, [])
-    dockerfile = read_text(path / dockerfile_name, field=None)
+    compose = _compose(compose_file) if compose_file.exists() else _Compose()
+    context = (path / compose.context).resolve()
+    dockerfile = read_text(context / compose.dockerfile, field=None)
     base_image, workdir = dockerfile_facts(dockerfile)
 
     script, commands = _solution(path)
@@ -57,8 +59,8 @@ def load_terminal_bench(path: Path, *, split: str = "eval") -> Task:
     }
     if isinstance(spec.get("tags"), list):
         metadata["tags"] = [str(tag) for tag in spec["tags"]]
-    if services:
-        metadata["services"] = services
+    if compose.services:
+        metadata["services"] = compose.services
 
     limits: dict[str, Any] = {}
     for key, field in (("max_agent_timeout_sec", "agent_timeout_s"), ("max_test_timeout_sec", "verifier_timeout_s")):
@@ -73,10 +75,10 @@ def load_terminal_bench(path: Path, *, split: str = "eval") -> Task:
         instruction=instruction,
         environment={
             "workdir": workdir or DEFAULT_WORKDIR,
-            "env": {k: v for k, v in compose_env.items() if k not in _HARNESS_ENV},
+            "env": {k: v for k, v in compose.env.items() if k not in _HARNESS_ENV},
             "dockerfile": dockerfile,
             "base_image": base_image,
-            "context_dir": str(path.resolve()),
+            "context_dir": str(context),
         },
         oracle={"script": script, "commands": commands},
         tests={
@@ -110,21 +112,32 @@ def _instruction(spec: dict[str, Any], file: Path) -> str:
     raise TaskFormatError(file, "instruction", "missing; add `instruction: |` followed by what the agent must do")
 
 
-def _compose(file: Path) -> tuple[str, dict[str, str], list[str]]:
-    """(Dockerfile name, env of the client service, names of other services) of a docker-compose file."""
+@dataclass(frozen=True)
+class _Compose:
+    """What the client service of a docker-compose file says; the other services are only named."""
+
+    context: str = "."
+    dockerfile: str = "Dockerfile"
+    env: dict[str, str] = field(default_factory=dict)
+    services: list[str] = field(default_factory=list)
+
+
+def _compose(file: Path) -> _Compose:
     compose = _yaml_mapping(file)
     services = expect(compose.get("services"), dict, file, "services", "a mapping of services with a 'client'")
     client = services.get("client")
     if not isinstance(client, dict):
         raise TaskFormatError(file, "services.client", "missing; Terminal-Bench runs the agent in service 'client'")
     build = client.get("build") or {}
-    dockerfile = build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile"
+    if isinstance(build, str):  # `build: ./dir` is the context alone
+        build = {"context": build}
+    context, dockerfile = str(build.get("context", ".")), str(build.get("dockerfile", "Dockerfile"))
     env: dict[str, str] = {}
     raw_env = client.get("environment") or {}
     items = raw_env.items() if isinstance(raw_env, dict) else (str(e).partition("=")[::2] for e in raw_env)
     for key, value in items:
         env[str(key)] = "" if value is None else str(value)
-    return str(dockerfile), env, sorted(name for name in services if name != "client")
+    return _Compose(context, dockerfile, env, sorted(name for name in services if name != "client"))
 
 
 def _solution(path: Path) -> tuple[str, list[str]]:
