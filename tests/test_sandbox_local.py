@@ -105,11 +105,15 @@ def test_hundred_megabytes_of_output_are_truncated_with_a_flag(sandbox):
     assert result.stderr == "done\n"
 
 
-def test_file_size_cap(backend):
-    with backend.open(make_task("fsize"), "trial-fsize") as sandbox:
-        sandbox.backend  # noqa: B018
-        result = sandbox.exec(f"head -c {600 << 20} /dev/zero > /tmp/big", timeout_s=20)
-        assert result.exit_code != 0 and result.killed_by == "file_size"
+def test_file_size_cap(tmp_path):
+    small = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(tmp_path / "small"), file_size_mb=4))
+    try:
+        with small.open(make_task("fsize"), "trial-fsize") as sandbox:
+            result = sandbox.exec(f"head -c {10 << 20} /dev/zero > /tmp/big", timeout_s=20)
+            assert result.exit_code != 0 and result.killed_by == "file_size"
+            assert sandbox.exec("stat -c %s /tmp/big").stdout.strip() == str(4 << 20)
+    finally:
+        small.close()
 
 
 def test_no_capabilities_to_escape(sandbox):

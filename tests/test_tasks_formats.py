@@ -321,6 +321,14 @@ def test_malformed_own_format_named(tmp_path, edit, field, message):
     assert error.value.file == str(spec) and error.value.field == field
 
 
+def test_empty_tests_directory_named(tmp_path):
+    path = tb_task(tmp_path, "empty-tests", **{"tests/test_outputs.py": None})
+    (path / "tests").mkdir()
+    with pytest.raises(TaskFormatError, match="holds no files") as error:
+        load_task(path)
+    assert error.value.file == str(path / "tests")
+
+
 def test_not_a_task_directory(tmp_path):
     with pytest.raises(TaskFormatError, match="is not a task directory"):
         load_task(tmp_path)

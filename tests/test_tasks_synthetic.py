@@ -79,6 +79,8 @@ def test_families_taken_in_turn(train):
 def test_family_selection():
     tasks = generate("train", 6, seed=1, families=["head_tail", "cleanup"])
     assert [t.family for t in tasks] == ["head_tail", "cleanup"] * 3
+    weighted = generate("train", 6, seed=1, families=["head_tail", "head_tail", "cleanup"])
+    assert [t.family for t in weighted] == ["head_tail", "head_tail", "cleanup"] * 2
     with pytest.raises(ValueError, match="unknown synthetic families.*'nope'"):
         generate("train", 2, families=["nope"])
 

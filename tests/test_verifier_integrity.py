@@ -213,3 +213,11 @@ def test_tests_see_read_only_tests_and_no_host_project(backend, verifier):
                                    "def test_task_env():\n    assert os.environ['TEST_DIR'] == '/tests'\n")
     outcome, _ = run_trial(backend, verifier, [], task)
     assert outcome.passed == 3, outcome.tests
+
+
+def test_symlinks_planted_where_the_verifier_mounts_are_replaced(backend, verifier):
+    outcome, _ = run_trial(backend, verifier, ["echo 42 > /app/answer.txt",
+                                               "ln -s /etc /tests && mkdir -p /root && ln -s /app /root/.pyenv && "
+                                               "ln -s /app /work && rmdir /tmp && ln -s /etc /tmp"])
+    assert outcome.infra_error is None, outcome.infra_error
+    assert outcome.passed == HONEST and "test_path_written:/tests" in outcome.tamper_flags

@@ -104,7 +104,8 @@ def _show(args) -> int:
         print_json(out)
         return 0
     c = console()
-    c.print(f"[bold]Trial {out['trial_id']}[/bold] task {out['task_id']} reward {_num(out['reward'])}")
+    c.print(f"[bold]Trial {out['trial_id']}[/bold] task {out['task_id']} reward {_num(out['reward'])}"
+            + (f" (continues {', '.join(out['continues'])})" if out["continues"] else ""))
     for chunk in out["trajectory"]:
         c.print(f"[bold]chunk {chunk['chunk']}[/bold]: {chunk['tokens']} tokens, {chunk['loss_tokens']} in the loss "
                 f"region (marked ⟦…⟧), boundaries {chunk['boundary_cases']}, policy v{chunk['policy_version']}")
@@ -118,7 +119,8 @@ def _show(args) -> int:
         if turn["routing"]:
             top = " top experts " + "; ".join(
                 f"L{i}:" + ",".join(f"{e}x{n}" for e, n in layer["top"]) for i, layer in enumerate(turn["routing"]["layers"]))
-        c.print(f"turn {turn['turn']}: v{turn['policy_version']} {turn['sampled_tokens']} tokens "
+        inherited = f" [from {turn['trial_id']}]" if turn["trial_id"] != out["trial_id"] else ""
+        c.print(f"turn {turn['turn']}{inherited}: v{turn['policy_version']} {turn['sampled_tokens']} tokens "
                 f"({turn['finish_reason']}), logprob mean {_num(turn['logprob_mean'])} min {_num(turn['logprob_min'])}{top}")
     for cmd in out["commands"]:
         c.print(f"[bold]$ {cmd['command']}[/bold]  (turn {cmd['turn']}, exit {cmd['exit_code']}, {cmd['duration_s']:.2f}s)")

@@ -30,6 +30,10 @@ def _unicode_to_byte() -> dict[str, int]:
     return {chr(c): b for b, c in zip(printable, codes)}
 
 
+class UnknownTokenError(ValueError):
+    """A token id the tokenizer does not have (the model's vocabulary is larger than the tokenizer's)."""
+
+
 def token_bytes(tokenizer: Tokenizer, ids: np.ndarray) -> list[bytes]:
     """The bytes each token stands for (special tokens: their text)."""
     added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
@@ -42,7 +46,8 @@ def token_bytes(tokenizer: Tokenizer, ids: np.ndarray) -> list[bytes]:
                 continue
             piece = tokenizer.id_to_token(i)
             if piece is None:
-                raise ValueError(f"token id {i} is not in the tokenizer's vocabulary ({tokenizer.get_vocab_size()})")
+                raise UnknownTokenError(f"token id {i} is not in the tokenizer's vocabulary "
+                                        f"({tokenizer.get_vocab_size()} ids)")
             out.append(bytes(table[ch] for ch in piece))
         return out
     # any other tokenizer: grow the decoded prefix one token at a time

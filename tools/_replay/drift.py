@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from schemas import SamplerTurn, TrajectoryAssembled
+from schemas import SamplerTurn, TrajectoryAssembled, TrialIssued
 
 from .align import Rerendered, rerender
 from .run import RunError
@@ -107,6 +107,7 @@ class DriftReport:
     logprob_record_mismatch: int = 0
     rerendered_drifted: int = 0
     rerendered_loss_tokens: int = 0
+    out_of_vocab_tokens: int = 0
     retokenized_loss_tokens: int = 0
     repair_cases: Counter = field(default_factory=Counter)
     skipped: Counter = field(default_factory=Counter)
@@ -125,6 +126,7 @@ class DriftReport:
             "drift_rate_loss_rerendered": share(self.rerendered_drifted, self.rerendered_loss_tokens),
             "logprob_record_mismatch": self.logprob_record_mismatch,
             "retokenized_share": share(self.retokenized_loss_tokens, self.loss_tokens),
+            "out_of_vocab_tokens": self.out_of_vocab_tokens,
             "repair_cases": dict(self.repair_cases),
             "routing_mismatch": {"per_layer": per_layer,
                                  "mean": float(np.mean(per_layer)) if per_layer else None},
@@ -250,6 +252,12 @@ def measure(report: DriftReport, traj: TrajectoryAssembled, *, models, temperatu
     if tokenizer is None:
         report.skipped["no tokenizer (re-rendered modes not measurable)"] += 1
         return
+    unknown = int((ids >= tokenizer.get_vocab_size()).sum())
+    if unknown:
+        # the policy can emit ids the tokenizer lacks (model vocab > tokenizer vocab): no text to re-render
+        report.out_of_vocab_tokens += unknown
+        report.skipped["ids outside the tokenizer's vocabulary (re-rendered modes not measurable)"] += 1
+        return
     twin = rerender(tokenizer, ids)
     if not twin.decodable:
         report.skipped["sampled bytes not re-renderable"] += 1
@@ -297,10 +305,28 @@ def _measure_rerendered(report: DriftReport, twin: Rerendered, ids, mask, q, ver
             report.gaps[mode].add(np.full(len(loss_here), diff))
 
 
+def lineage_turns(trial_id: str, turns_by_trial: dict[str, list[SamplerTurn]],
+                  parents: dict[str, str | None]) -> list[SamplerTurn]:
+    """A trial's sampler turns including those of the trials it continues (partial-rollout resumption:
+    ``TrialIssued.resumed_from``); a turn number the continuation sampled again is taken from it."""
+    chain, seen = [], set()
+    while trial_id is not None and trial_id not in seen:
+        seen.add(trial_id)
+        chain.append(trial_id)
+        trial_id = parents.get(trial_id)
+    by_turn: dict[int, SamplerTurn] = {}
+    for tid in reversed(chain):  # oldest first, so later trials overwrite re-sampled turns
+        for t in turns_by_trial.get(tid, []):
+            by_turn[t.turn] = t
+    return [by_turn[k] for k in sorted(by_turn)]
+
+
 def drift_of_run(view, *, limit: int | None = None, tokenizer=None, trial: str | None = None) -> dict:
     """Drift of every logged trajectory chunk of a run (``view``: a ``RunView``), as one JSON-able dict."""
     report = DriftReport()
-    turns_by_trial = view.sampler_turns()
+    parents = {e.trial_id: e.resumed_from for _, e in view.of_kind(TrialIssued)}
+    own_turns = view.sampler_turns()
+    turns_by_trial = {tid: lineage_turns(tid, own_turns, parents) for tid in set(own_turns) | set(parents)}
     chunks = [e for _, e in view.of_kind(TrajectoryAssembled) if trial is None or e.trial_id == trial]
     if limit is not None:
         chunks = chunks[:limit]
@@ -315,7 +341,7 @@ def drift_of_run(view, *, limit: int | None = None, tokenizer=None, trial: str |
     for traj in chunks:
         by_trial.setdefault(traj.trial_id, []).append(traj)
     for trial_id, trial_chunks in by_trial.items():
-        if trial_id in turns_by_trial:
+        if turns_by_trial.get(trial_id):
             check_loss_region(report, trial_chunks, turns_by_trial[trial_id])
         else:
             report.skipped["no SamplerTurn events for the trial (loss-region drift not checked)"] += 1

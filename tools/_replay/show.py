@@ -15,9 +15,23 @@ OUTPUT_CHARS = 2000  # of each command's stdout/stderr shown
 
 
 def _decode(tokenizer, ids) -> str | None:
+    """Text of ``ids``; ids the tokenizer lacks (a model vocabulary larger than the tokenizer's) show as
+    ``⟨id N⟩`` instead of vanishing."""
     if tokenizer is None:
         return None
-    return tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+    size = tokenizer.get_vocab_size()
+    parts, run = [], []
+    for i in (int(x) for x in ids):
+        if i < size:
+            run.append(i)
+            continue
+        if run:
+            parts.append(tokenizer.decode(run, skip_special_tokens=False))
+            run = []
+        parts.append(f"⟨id {i}⟩")
+    if run:
+        parts.append(tokenizer.decode(run, skip_special_tokens=False))
+    return "".join(parts)
 
 
 def routing_summary(routing: np.ndarray | None, num_experts: int | None = None, top: int = 3) -> dict | None:
@@ -42,8 +56,16 @@ def trial_view(view: RunView, trial_id: str, tokenizer=None) -> dict:
         raise RunError(f"trial {trial_id!r} is not in the log ({len(known)} trials"
                        + (f", e.g. {', '.join(known[:3])})" if known else ")"))
     out: dict = {"trial_id": trial_id, "task_id": None, "issued": None, "turns": [], "commands": [],
-                 "verifier": None, "trajectory": [], "staleness": [], "reward": None}
-    for event_id, e in events:
+                 "verifier": None, "trajectory": [], "staleness": [], "reward": None, "continues": []}
+    # a continuation (partial-rollout resumption) also shows the turns of the trials it continues
+    parents = {e.trial_id: e.resumed_from for _, e in view.of_kind(TrialIssued)}
+    ancestor, ancestors = parents.get(trial_id), []
+    while ancestor is not None and ancestor not in ancestors:
+        ancestors.append(ancestor)
+        ancestor = parents.get(ancestor)
+    out["continues"] = ancestors
+    inherited = [(eid, e) for a in reversed(ancestors) for eid, e in view.by_trial(a) if isinstance(e, SamplerTurn)]
+    for event_id, e in inherited + events:
         if isinstance(e, TrialIssued):
             out["task_id"] = e.task_id
             out["issued"] = {"event": event_id, "split": e.split, "policy_version_wanted": e.policy_version_wanted,
@@ -51,7 +73,7 @@ def trial_view(view: RunView, trial_id: str, tokenizer=None) -> dict:
         elif isinstance(e, SamplerTurn):
             lp = np.asarray(e.sampler_logprobs, dtype=np.float64)
             out["turns"].append({
-                "event": event_id, "turn": e.turn, "policy_version": e.policy_version,
+                "event": event_id, "trial_id": e.trial_id, "turn": e.turn, "policy_version": e.policy_version,
                 "finish_reason": e.finish_reason, "temperature": e.temperature,
                 "prompt_tokens": len(e.prompt_ids), "sampled_tokens": len(e.sampled_ids),
                 "sampled_ids": e.sampled_ids.tolist(), "sampled_text": _decode(tokenizer, e.sampled_ids),

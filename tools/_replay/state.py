@@ -19,7 +19,7 @@ class TrialState:
     turns: int = 0
     tokens: int = 0
     commands: int = 0
-    status: str = "issued"  # issued | sampling | verified | assembled | admitted | dropped | cancelled
+    status: str = "issued"  # issued | sampling | verified | assembled | admitted | dropped | cancelled | resumed
     reward: float | None = None
     versions: set = field(default_factory=set)
 
@@ -100,7 +100,8 @@ def apply(state: RunState, event: Event) -> RunState:
     elif isinstance(event, StalenessDecision):
         state.decisions[event.decision] += 1
         t = state.trial(event.trial_id)
-        t.status = {"admit": "admitted", "drop": "dropped", "cancel": "cancelled", "resume": "sampling"}[event.decision]
+        # resume: this (cancelled) trial goes on as a new trial (TrialIssued.resumed_from names this one)
+        t.status = {"admit": "admitted", "drop": "dropped", "cancel": "cancelled", "resume": "resumed"}[event.decision]
     elif isinstance(event, LearnerStep):
         state.learner_step = event.step
         state.policy_version = max(state.policy_version or 0, event.policy_version)

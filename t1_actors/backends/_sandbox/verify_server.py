@@ -248,6 +248,7 @@ def _plain_dir(root: Path, path: str) -> None:
 
 
 def _mount_proc_dev(root: Path) -> None:
+    _plain_dir(root, "/proc")
     linux.mount("proc", str(root / "proc"), "proc", linux.MS_NOSUID | linux.MS_NODEV)
     _plain_dir(root, "/dev")
     linux.mount("tmpfs", str(root / "dev"), "tmpfs", linux.MS_NOSUID, "mode=755,size=65536k")

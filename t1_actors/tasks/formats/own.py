@@ -63,6 +63,8 @@ def load_own(path: Path) -> Task:
     if not tests_dir.is_dir():
         raise TaskFormatError(tests_dir, None, "missing; put the task's pytest files in tests/")
     tests["files"] = read_tree(tests_dir)
+    if not tests["files"]:
+        raise TaskFormatError(tests_dir, None, "holds no files; put the task's pytest files in tests/")
     if (path / "run-tests.sh").is_file():
         tests["script"] = read_text(path / "run-tests.sh")
 

@@ -51,6 +51,8 @@ def load_terminal_bench(path: Path, *, split: str = "eval") -> Task:
     if not tests_dir.is_dir():
         raise TaskFormatError(tests_dir, None, "missing; put the pytest files (e.g. test_outputs.py) in tests/")
     test_files = read_tree(tests_dir)
+    if not test_files:
+        raise TaskFormatError(tests_dir, None, "holds no files; put the pytest files (e.g. test_outputs.py) in tests/")
     runner = read_text(path / "run-tests.sh") if (path / "run-tests.sh").is_file() else None
 
     metadata: dict[str, Any] = {

@@ -52,7 +52,11 @@ def available_families(families: Iterable[str] | None = None) -> list[str]:
 
 
 def generate(split: Split, n: int, seed: int = 0, families: Iterable[str] | None = None) -> list[Task]:
-    """``n`` tasks of ``split``, families taken in turn, no instruction twice; deterministic by seed."""
+    """``n`` tasks of ``split``, families taken in turn, no instruction twice; deterministic by seed.
+
+    ``families`` picks and weights them: ``["head_tail", "head_tail", "cleanup"]`` draws two head_tail
+    tasks for each cleanup task. Default: every available family once.
+    """
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     if n < 0:
