@@ -1,19 +1,21 @@
 """Sandbox and verifier throughput, measured side by side in one run.
 
 - tool calls/s on the local backend (bubblewrap + cgroup + rlimits + capped output) vs a bare
-  ``subprocess.run(["/bin/sh", "-c", cmd])`` of the same commands on the host: ``exec_ratio``;
+  ``subprocess.run(["/bin/sh", "-c", cmd])`` of the same commands on the host, interleaved call by
+  call so both see the same load: ``exec_ratio``;
 - sandbox open+close/s (overlay mounts over a cached image);
 - verifications/s through the forkserver, with ``--workers`` concurrent callers, vs a cold
   ``python -m pytest`` subprocess of the same tests (no sandbox at all): ``verify_speedup_vs_cold_pytest``.
 
 Usage: python bench/sandbox.py [--calls 200] [--verifications 40] [--workers 2]. Needs root (cgroups, mounts).
-The last line is one JSON object.
+The last line is one JSON object (with the 1-minute load average, since the machine may be shared).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,24 +39,25 @@ def rate(n: int, seconds: float) -> float:
 
 
 def bench_exec(backend: LocalSandboxBackend, task: Task, calls: int) -> dict:
-    with tempfile.TemporaryDirectory() as host_dir:
+    """Bare and sandboxed calls interleaved one by one, so both see the same machine load."""
+    bare_s = sandbox_s = 0.0
+    with tempfile.TemporaryDirectory() as host_dir, backend.open(task, "bench-exec") as sandbox:
         Path(host_dir, "in.txt").write_text("line\n")
         bare_commands = [c.replace("/app", host_dir) for c in COMMANDS]
-        start = time.perf_counter()
-        for i in range(calls):
-            subprocess.run(["/bin/sh", "-c", bare_commands[i % len(COMMANDS)]], capture_output=True)
-        bare = rate(calls, time.perf_counter() - start)
-    with backend.open(task, "bench-exec") as sandbox:
         sandbox.exec("true")
-        start = time.perf_counter()
         for i in range(calls):
+            start = time.perf_counter()
+            subprocess.run(["/bin/sh", "-c", bare_commands[i % len(COMMANDS)]], capture_output=True)
+            middle = time.perf_counter()
             result = sandbox.exec(COMMANDS[i % len(COMMANDS)])
+            sandbox_s += time.perf_counter() - middle
+            bare_s += middle - start
             assert result.exit_code == 0, result.stderr
-        sandboxed = rate(calls, time.perf_counter() - start)
     opens = max(10, calls // 10)
     start = time.perf_counter()
     for i in range(opens):
         backend.open(task, f"bench-open-{i}").close()
+    bare, sandboxed = rate(calls, bare_s), rate(calls, sandbox_s)
     return {"bare_calls_per_s": round(bare, 1), "sandbox_calls_per_s": round(sandboxed, 1),
             "exec_ratio": round(sandboxed / bare, 3), "open_close_per_s": round(rate(opens, time.perf_counter() - start), 1)}
 
@@ -112,6 +115,7 @@ def main() -> None:
         print(f"verify: {result['verify_per_s']}/s with {args.workers} workers, cold pytest "
               f"{result['cold_pytest_per_s']}/s (x{result['verify_speedup_vs_cold_pytest']})", flush=True)
         backend.close()
+    result["load_avg_1m"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
 
 

@@ -9,8 +9,9 @@ Public face::
     log.get(event_id); log.by_trial(trial_id); log.events(kinds=None); log.fold(fn, init); log.counts()
     cur = log.cursor(saved_position, kinds=None); batch = cur.poll(); save(cur.position)  # exactly once
     log.verify()                     # every committed chunk against its checksum -> {segment: {array: chunks}}
-    # trio: await w.aappend(e) / w.acommit() / w.aclose(); await cur.apoll(); async for b in cur.atail(): ...
-    #       await log.aget(...) / aby_trial / afold / acounts / averify   (zarr I/O runs in worker threads)
+    # trio: log = await EventLog.aopen(...); w = await log.awriter(...); await w.aappend(e) / w.acommit() /
+    #       w.aclose(); await cur.apoll(); async for batch in cur.atail(): ...; await log.aget(...) / aby_trial /
+    #       afold / acounts / averify   (all zarr I/O runs in worker threads, never on the trio loop)
 
 Layout and guarantees (details in ``_format.py``): one segment per writer id (an actor instance),
 each a Zarr group of chunked append-only arrays — msgpack headers as uint8 bytes; token ids, masks,

@@ -172,6 +172,16 @@ class EventLog:
 
     # -- trio ----------------------------------------------------------------------------------
 
+    @classmethod
+    async def aopen(cls, location: Any, *, create: bool = False, config: StorageConfig | None = None) -> "EventLog":
+        return await trio.to_thread.run_sync(functools.partial(cls.open, location, create=create, config=config))
+
+    async def awriter(self, writer_id: str, *, routing_shape: tuple[int, int] | None = None,
+                      num_experts: int | None = None) -> SegmentWriter:
+        """``writer`` without blocking the loop (opening recovers from the commit records)."""
+        return await trio.to_thread.run_sync(functools.partial(
+            self.writer, writer_id, routing_shape=routing_shape, num_experts=num_experts))
+
     async def aget(self, event_id: str) -> Event:
         return await trio.to_thread.run_sync(self.get, event_id)
 

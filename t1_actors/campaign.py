@@ -183,6 +183,23 @@ def _deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
+def _with_vocab(config, vocab_size: int):
+    """The config with the model's vocabulary sized to the trained tokenizer (BPE may stop short of the
+    asked size on a small corpus; logits for ids no text maps to would only waste probability mass)."""
+    from .config import parse_config
+
+    data = _jsonable(config)
+    data["model"] = {**config.section("model").model_dump(mode="json"), "vocab_size": vocab_size}
+    return parse_config(data, "campaign")
+
+
+def _jsonable(config) -> dict:
+    data = config.to_jsonable()
+    if config.run.hmac_key is not None:
+        data["run"]["hmac_key"] = config.run.hmac_key.get_secret_value()
+    return data
+
+
 def _with_policy(config, location: str):
     """The config with every sampler starting from the SFT checkpoint (version 0)."""
     actors = []
@@ -190,10 +207,8 @@ def _with_policy(config, location: str):
         if spec.role == "sampler":
             spec = spec.model_copy(update={"options": {**spec.options, "policy_path": location}})
         actors.append(spec)
-    data = config.to_jsonable()
+    data = _jsonable(config)
     data["actors"] = [a.model_dump(mode="json") for a in actors]
-    if config.run.hmac_key is not None:
-        data["run"]["hmac_key"] = config.run.hmac_key.get_secret_value()
     from .config import parse_config
     return parse_config(data, "campaign")
 
@@ -222,6 +237,7 @@ def run_campaign(config, *, console=None) -> dict[str, Any]:
     with console.status("[bold]2/5 tokenizer[/]"):
         tokenizer = train_run_tokenizer(run_dir, tasks.train, campaign.tokenizer_vocab)
     console.log(f"tokenizer: {tokenizer.get_vocab_size()} ids -> {tokenizer_path(run_dir)}")
+    config = _with_vocab(config, tokenizer.get_vocab_size())
     timings["prepare_s"] = time.monotonic() - started
 
     sft_start = time.monotonic()

@@ -192,7 +192,7 @@ def supervised_finetune(model, producer: OracleProducer, *, seconds: float, batc
         steps, seen, tokens = steps + 1, seen + len(batch), tokens + int(attention.sum())
         losses.append(loss.item())
         if progress:
-            progress(steps, float(loss))
+            progress(steps, losses[-1])
     elapsed = time.monotonic() - start
     model.eval()
     return SFTReport(steps, seen, len(pool), losses[-1] if losses else float("nan"), elapsed,

@@ -124,3 +124,10 @@ def test_synthetic_corpus_from_the_run_config(tmp_path, capsys):
     assert main(["verifiers", str(run), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["checksums_checked"] == 1 and out["task_sources"] == [f"{run / 'config.toml'} [tasks]"]
+
+
+def test_nothing_checkable_is_not_ok(tmp_path, sources, capsys):
+    run = make_run(tmp_path / "run", [result("t0", "unknown-task", "0" * 64)])
+    assert main(["verifiers", str(run), "--tasks", str(sources), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["checksums_checked"] == 0 and "no result could be checked" in out["problem"]

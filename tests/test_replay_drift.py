@@ -144,3 +144,24 @@ def test_rerender_aligns_a_noncanonical_segmentation():
 def test_not_a_run_is_a_clear_error(tmp_path):
     with pytest.raises(RunError, match="does not exist"):
         RunView.open(tmp_path / "nope")
+
+
+def test_continued_trial_checks_the_turns_of_the_trial_it_resumes(exact_run, tmp_path):
+    from schemas import TrialIssued
+
+    run = tmp_path / "run"
+    shutil.copytree(exact_run, run)
+    view = RunView.open(run)
+    turns = sorted((e for _, e in view.by_trial("trial-0") if isinstance(e, SamplerTurn)), key=lambda t: t.turn)
+    traj = next(e for _, e in view.by_trial("trial-0") if isinstance(e, TrajectoryAssembled))
+    log = EventLog.open(run / "log")
+    with log.writer("resume-0", routing_shape=(2, 2), num_experts=4) as w:
+        w.append(TrialIssued(trial_id="parent", task_id="task-0", policy_version_wanted=0))
+        w.append(turns[0].model_copy(update={"trial_id": "parent"}))
+        w.append(TrialIssued(trial_id="child", task_id="task-0", policy_version_wanted=0, resumed_from="parent"))
+        w.append(turns[1].model_copy(update={"trial_id": "child"}))
+        w.append(traj.model_copy(update={"trial_id": "child"}))
+        w.commit()
+    out = _drift(run, trial="child")
+    assert out["drift_rate_loss"] == 0.0 and out["logprob_record_mismatch"] == 0
+    assert out["trajectories"] == 1

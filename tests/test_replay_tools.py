@@ -79,3 +79,18 @@ def test_report_writes_plots_and_summary(run, tmp_path, capsys):
     assert "mean reward" in md and "overview.png" in md
     assert main(["report", str(run), "--out", str(tmp_path / "r2"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["learner_steps"] == 1
+
+
+def test_show_prints_brackets_verbatim(tmp_path, capsys):
+    from schemas import SandboxExec, TrialIssued
+    from storage import EventLog
+
+    log = EventLog.open(tmp_path / "run" / "log", create=True)
+    with log.writer("sandbox-0") as w:
+        w.append(TrialIssued(trial_id="t", task_id="x", policy_version_wanted=0))
+        w.append(SandboxExec(trial_id="t", turn=0, command="[ -f /app/a ] && echo [bold]yes[/bold]", exit_code=0,
+                             stdout="[red]out[/red]\n", stderr="", duration_s=0.1))
+        w.commit()
+    assert main(["show", str(tmp_path / "run"), "--trial", "t"]) == 0
+    text = capsys.readouterr().out
+    assert "$ [ -f /app/a ] && echo [bold]yes[/bold]" in text and "[red]out[/red]" in text

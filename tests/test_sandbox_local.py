@@ -47,6 +47,12 @@ def test_state_persists_between_calls_and_starts_in_workdir(sandbox):
     assert sandbox.exec("pwd; cat /app/made.txt /opt/tool/x").stdout == "/app\n1\nx\n"
 
 
+def test_removing_the_workdir_is_the_agents_business_not_an_infra_error(backend):
+    with backend.open(make_task("rmwd"), "rmwd") as sandbox:
+        assert sandbox.exec("rm -rf /app").exit_code == 0
+        assert sandbox.exec("pwd").stdout == "/\n"
+
+
 def test_no_network_during_agent_turns(sandbox):
     result = sandbox.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\"")
     assert result.exit_code != 0 and "unreachable" in result.stderr.lower()

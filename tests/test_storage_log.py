@@ -256,7 +256,8 @@ def test_trio_wrappers_do_not_block_and_tail(tmp_path):
     seen = []
 
     async def produce():
-        async with log.writer("w", **ROUTING) as writer:
+        log_here = await EventLog.aopen(tmp_path / "log", config=TINY_CHUNKS)
+        async with await log_here.awriter("w", **ROUTING) as writer:
             for seq in range(12):
                 await writer.aappend(mixed_event(seq))
                 if seq % 4 == 3:

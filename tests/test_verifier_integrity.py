@@ -174,7 +174,7 @@ def test_missing_test_dependency_is_an_infra_error():
 
 def test_timeout_keeps_the_tests_that_finished(backend, verifier):
     task = make_task("slow", tests="import time\ndef test_fast():\n    pass\ndef test_slow():\n    time.sleep(60)\n",
-                     verifier_timeout_s=3)
+                     verifier_timeout_s=8)
     outcome, _ = run_trial(backend, verifier, [], task)
     assert outcome.timed_out and outcome.infra_error is None
     assert outcome.tests == {"test_outputs.py::test_fast": "passed", "test_outputs.py::test_slow": "timeout"}

@@ -8,11 +8,18 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 
 def console() -> Console:
+    """A console that never reads markup: commands, test ids and task text contain brackets."""
     wide = None if sys.stdout.isatty() else 160  # piped output: do not squeeze tables into 80 columns
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=wide)
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=wide, markup=False)
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """Plain and (text, style) parts as one rich Text: ``styled(("Trial", "bold"), " t-1")``."""
+    return Text.assemble(*parts)
 
 
 def _clean(value: Any) -> Any:

@@ -17,7 +17,7 @@ import sys
 from rich.table import Table
 from rich.text import Text
 
-from tools._output import console, fail, print_json
+from tools._output import console, fail, print_json, styled
 from tools._replay.run import RunError, RunView
 
 
@@ -72,8 +72,8 @@ def _drift(args) -> int:
         print_json(out)
         return 0
     c = console()
-    c.print(f"[bold]Drift[/bold] {out['run']}: {out['trajectories']} trajectory chunks, {out['loss_tokens']} loss "
-            f"tokens, versions {out['versions']}")
+    c.print(styled(("Drift", "bold"), f" {out['run']}: {out['trajectories']} trajectory chunks, "
+                   f"{out['loss_tokens']} loss tokens, versions {out['versions']}"))
     table = Table("mode", "ids trained", "routing", "mean |dlogp|", "max |dlogp|")
     names = {"r3_tito": ("sampled (TITO)", "replayed (R3)"), "tito": ("sampled (TITO)", "live"),
              "r3": ("re-rendered", "replayed (R3)"), "none": ("re-rendered", "live")}
@@ -91,7 +91,7 @@ def _drift(args) -> int:
     if out["skipped"]:
         c.print(f"not measured: {out['skipped']}")
     if any(v is False for v in out["checksums"].values()):
-        c.print(f"[red]weights checksum mismatch[/red]: {out['checksums']}")
+        c.print(styled(("weights checksum mismatch", "red"), f": {out['checksums']}"))
     return 0
 
 
@@ -104,11 +104,12 @@ def _show(args) -> int:
         print_json(out)
         return 0
     c = console()
-    c.print(f"[bold]Trial {out['trial_id']}[/bold] task {out['task_id']} reward {_num(out['reward'])}"
-            + (f" (continues {', '.join(out['continues'])})" if out["continues"] else ""))
+    c.print(styled((f"Trial {out['trial_id']}", "bold"), f" task {out['task_id']} reward {_num(out['reward'])}"
+                   + (f" (continues {', '.join(out['continues'])})" if out["continues"] else "")))
     for chunk in out["trajectory"]:
-        c.print(f"[bold]chunk {chunk['chunk']}[/bold]: {chunk['tokens']} tokens, {chunk['loss_tokens']} in the loss "
-                f"region (marked ⟦…⟧), boundaries {chunk['boundary_cases']}, policy v{chunk['policy_version']}")
+        c.print(styled((f"chunk {chunk['chunk']}", "bold"), f": {chunk['tokens']} tokens, {chunk['loss_tokens']} in "
+                       f"the loss region (marked ⟦…⟧), boundaries {chunk['boundary_cases']}, "
+                       f"policy v{chunk['policy_version']}"))
         text = Text()
         for seg in chunk["segments"]:
             body = seg["text"] if seg["text"] is not None else " ".join(map(str, seg["ids"]))
@@ -123,7 +124,8 @@ def _show(args) -> int:
         c.print(f"turn {turn['turn']}{inherited}: v{turn['policy_version']} {turn['sampled_tokens']} tokens "
                 f"({turn['finish_reason']}), logprob mean {_num(turn['logprob_mean'])} min {_num(turn['logprob_min'])}{top}")
     for cmd in out["commands"]:
-        c.print(f"[bold]$ {cmd['command']}[/bold]  (turn {cmd['turn']}, exit {cmd['exit_code']}, {cmd['duration_s']:.2f}s)")
+        c.print(styled((f"$ {cmd['command']}", "bold"),
+                       f"  (turn {cmd['turn']}, exit {cmd['exit_code']}, {cmd['duration_s']:.2f}s)"))
         if cmd["stdout"]:
             c.print(Text(cmd["stdout"].rstrip()))
         if cmd["stderr"]:
@@ -147,7 +149,7 @@ def _report(args) -> int:
         print_json(out)
         return 0
     c = console()
-    c.print(f"[bold]Report[/bold] written: {out['markdown']}")
+    c.print(styled(("Report", "bold"), f" written: {out['markdown']}"))
     for path in out["figures"]:
         c.print(f"  {path}")
     c.print(f"mean reward {_num(out['mean_reward'])} (first quarter {_num(out['mean_reward_first_quarter'])}, last "
@@ -171,7 +173,8 @@ def _state(args) -> int:
         return 0
     c = console()
     at = out["at"]
-    c.print(f"[bold]State[/bold] after {out['events']} events" + (f" (at {at['event']}, {at['kind']})" if at else ""))
+    c.print(styled(("State", "bold"), f" after {out['events']} events"
+                   + (f" (at {at['event']}, {at['kind']})" if at else "")))
     table = Table("quantity", "value")
     for key in ("policy_version", "learner_step", "critic_version", "trials", "in_flight_count",
                 "staleness_decisions", "mean_reward", "verified", "actors", "last_eval", "counts"):

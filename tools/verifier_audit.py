@@ -36,7 +36,9 @@ class VerifierAudit:
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches and not self.inconsistent and not isinstance(self.log_integrity, str)
+        """Nothing wrong found AND something was checked: results whose tasks no source holds prove nothing."""
+        unchecked = self.results > 0 and self.checked == 0
+        return not (self.mismatches or self.inconsistent or unchecked or isinstance(self.log_integrity, str))
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "results": self.results, "checksums_checked": self.checked,
@@ -44,6 +46,9 @@ class VerifierAudit:
                 "tamper_flags": self.tampered, "tamper_flag_counts": dict(Counter(f for t in self.tampered
                                                                                   for f in t["flags"])),
                 "infra_errors": self.infra_errors, "tasks_without_source": dict(self.no_source),
+                "problem": ("no result could be checked: no task source holds the run's task ids (pass --tasks "
+                            "DIR or --config; a synthetic corpus regenerates only with the generator the run used)"
+                            if self.results and not self.checked else None),
                 "log_integrity": self.log_integrity}
 
 
@@ -77,7 +82,7 @@ def check_result(audit: VerifierAudit, event_id: str, result: VerifierResult, ex
         audit.inconsistent.append({**where, "problems": problems})
 
 
-CONFIG_NAMES = ("config.toml", "config.json")
+CONFIG_NAMES = ("config.resolved.json", "config.toml", "config.json")  # the campaign writes the first
 
 
 def task_sources(tasks_dirs: list[Path], config: Path | None) -> tuple[dict[str, str], list[str]]:

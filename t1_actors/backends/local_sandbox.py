@@ -7,9 +7,9 @@ lands. The host is never modified; closing a sandbox unmounts it and deletes the
 
 Each tool call runs in ``bwrap`` with fresh pid/ipc/uts/net namespaces (no network during the agent's
 turns; build steps get the host's, as a Docker build would), Docker's default capabilities less
-CAP_MKNOD, and its own cgroup: memory and process caps, CPU share, and a kill switch for the whole
-tree at the wall-clock timeout; rlimits cap CPU time and file size; output is capped per stream and
-flagged when truncated. Processes do not outlive their tool call (the pid namespace ends with it).
+CAP_MKNOD, and its own cgroup: memory and process caps and a kill switch for the whole tree at the
+wall-clock timeout; rlimits cap CPU seconds (timeout x the task's ``cpus``) and file size; output is
+capped per stream and flagged when truncated. Processes do not outlive their tool call (the pid namespace ends with it).
 
 Usage::
 
@@ -22,6 +22,7 @@ Usage::
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import glob
 import json
 import os
@@ -29,6 +30,7 @@ import queue
 import re
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -116,7 +118,7 @@ class LocalSandboxBackend:
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         system_dirs = make_skeleton(self.base / "skeleton")
         self.base_stack = RootStack(self.base / "skeleton", (), system_dirs)
-        self._images: dict[str, Image] = {}
+        self._images: dict[str, tuple["Task", Image]] = {}
         self._lock = threading.Lock()
         self._open: dict[str, "LocalSandbox"] = {}
         self._teardown: queue.Queue[tuple[list[str], Path] | None] = queue.Queue()
@@ -142,12 +144,16 @@ class LocalSandboxBackend:
 
     def image(self, task: "Task") -> Image:
         """The task's environment image (built on first use, then cached on disk and in memory)."""
+        with self._lock:
+            known = self._images.get(task.id)
+        if known is not None and known[0] is task and (known[1].layer.path / "meta.json").is_file():
+            return dataclasses.replace(known[1], report=dataclasses.replace(known[1].report, cached=True))
         limits = task.limits
         build_limits = ExecLimits(limits.build_timeout_s, self.config.build_memory_mb << 20, self.config.pids_max,
                                   max(limits.cpus, 1.0), self.config.file_size_mb << 20, 64 << 10)
         image = build_image(task, self.base / "images", self.base_stack, build_limits, self.config.build_network)
         with self._lock:
-            self._images[image.key] = image
+            self._images[task.id] = (task, image)  # the same Task object skips re-hashing its build context
         return image
 
     def open(self, task: "Task", trial_id: str) -> "LocalSandbox":
@@ -155,8 +161,9 @@ class LocalSandboxBackend:
         directory = self.trials_dir / f"{_SAFE.sub('_', trial_id)[:64]}-{secrets.token_hex(4)}"
         stack = RootStack(self.base_stack.skeleton, (image.layer,), self.base_stack.system_dirs)
         try:
-            upper = Layer(directory / "upper").create(stack.system_dirs)
+            directory.mkdir(parents=True)
             (directory / "owner").write_text(str(os.getpid()))
+            upper = Layer(directory / "upper").create(stack.system_dirs)
             merged = directory / "root"
             merged.mkdir()
             mounted = stack.mount(merged, upper, directory / "work")
@@ -180,10 +187,18 @@ class LocalSandboxBackend:
         for directory in self.trials_dir.iterdir():
             try:
                 owner = int((directory / "owner").read_text())
-                os.kill(owner, 0)
-                continue
-            except (OSError, ValueError):
-                pass
+            except (OSError, ValueError):  # no owner yet: another process may be opening it right now
+                if time.time() - directory.stat().st_mtime < 600:
+                    continue
+                owner = None
+            if owner is not None:
+                try:
+                    os.kill(owner, 0)
+                    continue
+                except ProcessLookupError:
+                    pass
+                except PermissionError:
+                    continue
             remove_tree(directory)
             swept += 1
         cgroups.sweep_stale()
@@ -225,9 +240,11 @@ class LocalSandbox:
     def exec(self, command: str, timeout_s: float | None = None, *, network: bool = False) -> ExecResult:
         """Run ``command`` through /bin/sh in the trial's root, in its workdir, without network."""
         self._check_open()
-        return run_in_root(self.root, ["/bin/sh", "-c", command], env=self.trial_root.env,
-                           workdir=self.trial_root.workdir, limits=self.limits(timeout_s), network=network,
-                           name=self.directory.name)
+        workdir = self.trial_root.workdir
+        if not self._files.is_dir(workdir):  # the agent removed it: start in / (bwrap would refuse to chdir)
+            workdir = "/"
+        return run_in_root(self.root, ["/bin/sh", "-c", command], env=self.trial_root.env, workdir=workdir,
+                           limits=self.limits(timeout_s), network=network, name=self.directory.name)
 
     def interrupt(self) -> int:
         """Kill whatever command of this trial is running now (its ``exec`` returns, killed). Thread-safe."""

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from t1_actors.policy.config import ModelConfig
 from tools import capacity as cap
-from tools._output import console, fail, print_json
+from tools._output import console, fail, print_json, styled
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -104,9 +104,9 @@ def run(args: argparse.Namespace) -> int:
 def _render(out: dict) -> None:
     c = console()
     ap = out["actor_params"]
-    c.print(f"[bold]Capacity (Prop. 7.1)[/bold] {out['source']}: actor {_count(ap['total'])} parameters "
-            f"({_count(ap['expert'])} expert, {_count(ap['dense'])} dense); plan {out['plan']['label']} "
-            f"on G={out['plan']['devices']}")
+    c.print(styled(("Capacity (Prop. 7.1)", "bold"), f" {out['source']}: actor {_count(ap['total'])} parameters "
+                   f"({_count(ap['expert'])} expert, {_count(ap['dense'])} dense); plan {out['plan']['label']} "
+                   f"on G={out['plan']['devices']}"))
     b = out["bytes_per_param"]
     c.print(f"bytes/param: weights {b['weight']:g}, grads {b['grad']:g}, optimiser {b['optimizer']:g} "
             f"(master {b['master']:g} + moments {b['moments']:g}); distributed optimiser: "

@@ -6,7 +6,9 @@ import argparse
 
 from rich.table import Table
 
-from tools._output import console, fail, print_json
+from rich.text import Text
+
+from tools._output import console, fail, print_json, styled
 
 GATES = ("oracle_passes", "noop_fails", "no_shortcut", "no_leakage", "no_hidden_requirement")
 HEADERS = ("oracle", "no-op", "shortcut", "leakage", "hidden req.")
@@ -59,7 +61,7 @@ def _render(audits, out: dict) -> None:
         gates = {g.name: g.passed for g in a.gates}
         s = a.soft
         table.add_row(a.task_id, a.source_format,
-                      *[("[green]ok[/green]" if gates[g] else "[red]FAIL[/red]") if g in gates else "-" for g in GATES],
+                      *[(Text("ok", "green") if gates[g] else Text("FAIL", "red")) if g in gates else "-" for g in GATES],
                       str(s.get("instruction_words", "-")), str(s.get("tests", "-")),
                       _share(s.get("noop_pass_share")), str(s.get("oracle_deterministic", "-")),
                       _share(s.get("partial_credit_share")))
@@ -67,9 +69,9 @@ def _render(audits, out: dict) -> None:
     for a in audits:
         for g in a.gates:
             if not g.passed:
-                c.print(f"[red]{a.task_id}[/red] {g.name}: {g.detail}")
+                c.print(styled((a.task_id, "red"), f" {g.name}: {g.detail}"))
         if a.error:
-            c.print(f"[red]{a.task_id}[/red] error: {a.error}")
+            c.print(styled((a.task_id, "red"), f" error: {a.error}"))
     c.print(f"{out['passed']}/{out['tasks']} tasks pass every gate")
 
 

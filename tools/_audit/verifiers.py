@@ -7,7 +7,9 @@ from pathlib import Path
 
 from rich.table import Table
 
-from tools._output import console, fail, print_json
+from rich.text import Text
+
+from tools._output import console, fail, print_json, styled
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -51,15 +53,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _render(out: dict) -> None:
     c = console()
-    c.print(f"[bold]Verifiers[/bold] {out['run']}: {out['results']} results, {out['checksums_checked']} checksums "
-            f"checked against {out['task_sources'] or 'no task source (pass --tasks DIR or --config RUN_CONFIG)'}")
+    c.print(styled(("Verifiers", "bold"), f" {out['run']}: {out['results']} results, {out['checksums_checked']} "
+                   f"checksums checked against "
+                   f"{out['task_sources'] or 'no task source (pass --tasks DIR or --config RUN_CONFIG)'}"))
     if out["checksum_mismatches"]:
         table = Table("trial", "task", "recorded sha256", "source sha256", title="checksum mismatches")
         for m in out["checksum_mismatches"]:
             table.add_row(m["trial_id"], m["task_id"], m["recorded"][:16], m["source"][:16])
         c.print(table)
     for item in out["inconsistent"]:
-        c.print(f"[red]inconsistent[/red] {item['trial_id']} ({item['task_id']}): {'; '.join(item['problems'])}")
+        c.print(styled(("inconsistent", "red"), f" {item['trial_id']} ({item['task_id']}): {'; '.join(item['problems'])}"))
     if out["tamper_flags"]:
         table = Table("trial", "task", "tamper flags", title="tamper flags")
         for t in out["tamper_flags"]:
@@ -69,5 +72,7 @@ def _render(out: dict) -> None:
         c.print("no tamper flags")
     if out["tasks_without_source"]:
         c.print(f"tasks without a source: {len(out['tasks_without_source'])}")
+    if out["problem"]:
+        c.print(Text(out["problem"], "red"))
     c.print(f"infrastructure errors: {out['infra_errors']}; log integrity: {out['log_integrity']}")
-    c.print("[green]ok[/green]" if out["ok"] else "[red]FAILED[/red]")
+    c.print(Text("ok", "green") if out["ok"] else Text("FAILED", "red"))

@@ -1,5 +1,5 @@
-"""Run a command inside a mounted sandbox root: bubblewrap for the namespaces, a fresh cgroup for
-memory/process/CPU caps and the kill switch, rlimits for CPU time, file size and core dumps."""
+"""Run a command inside a mounted sandbox root: bubblewrap for the namespaces, a fresh cgroup for the
+memory and process caps and the kill switch, rlimits for CPU time, file size and core dumps."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ _counter = itertools.count()
 
 @dataclass(frozen=True)
 class ExecLimits:
-    """Caps of one command. CPU time defaults to the wall-clock timeout times the CPU share (+1 s)."""
+    """Caps of one command. CPU seconds (RLIMIT_CPU) = the wall-clock timeout times ``cpus`` (at least 1), + 1."""
 
     timeout_s: float
     memory_bytes: int
@@ -51,7 +51,7 @@ def run_in_root(root: Path, argv: list[str], *, env: dict[str, str], workdir: st
                *([] if network else ["--unshare-net"]), "--die-with-parent",  # no tty is ever passed: no --new-session
                "--cap-drop", "ALL", *caps, "--chdir", workdir, "--", *argv]
     cg_name = f"{name}-{os.getpid()}-{next(_counter)}"
-    with cgroups.CommandCgroup(cg_name, cgroups.CgroupLimits(limits.memory_bytes, limits.pids, limits.cpus)) as cg:
+    with cgroups.CommandCgroup(cg_name, cgroups.CgroupLimits(limits.memory_bytes, limits.pids)) as cg:
         launcher = (f"{cg.enter_snippet()}ulimit -t {limits.cpu_seconds} && ulimit -c 0 && "  # dash: one per call
                     f"ulimit -f {max(1, limits.file_size_bytes // 512)} && exec \"$@\"")  # -f: 512-byte blocks
         try:

@@ -129,7 +129,7 @@ def main(project: str | None = None) -> None:
 def _start(request: dict, trusted: list[str]) -> _Job | dict:
     try:
         cgroup = CommandCgroup(f"verify-{os.getpid()}-{request['id']}",
-                               CgroupLimits(int(request["memory_bytes"]), int(request["pids"]), 1.0))
+                               CgroupLimits(int(request["memory_bytes"]), int(request["pids"])))
     except Exception as exc:  # noqa: BLE001 - reported to the client as an infrastructure error
         return {"id": request["id"], "infra_error": f"verifier cgroup: {exc}"}
     read_fd, write_fd = os.pipe()
