@@ -12,6 +12,8 @@ Public face::
     # trio: log = await EventLog.aopen(...); w = await log.awriter(...); await w.aappend(e) / w.acommit() /
     #       w.aclose(); await cur.apoll(); async for batch in cur.atail(): ...; await log.aget(...) / aby_trial /
     #       afold / acounts / averify   (all zarr I/O runs in worker threads, never on the trio loop)
+    #       nursery.start_soon(w.acommit_periodically, 0.05)  # group commit: a commit costs a few store
+    #       writes whatever its size, so batch events per commit (8 ms per-turn commits vs 0.5 ms at 16/commit)
 
 Layout and guarantees (details in ``_format.py``): one segment per writer id (an actor instance),
 each a Zarr group of chunked append-only arrays — msgpack headers as uint8 bytes; token ids, masks,

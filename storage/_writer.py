@@ -299,6 +299,20 @@ class SegmentWriter:
     async def aclose(self) -> None:
         await trio.to_thread.run_sync(self.close)
 
+    async def acommit_periodically(self, interval: float = 0.05) -> None:
+        """Group commit: every ``interval`` seconds commit what is pending, until cancelled (then a
+        last, shielded commit). Run it in the actor's nursery and just ``aappend``: a commit costs
+        a few store writes whatever its size, so batching turns per commit is much cheaper."""
+        try:
+            while True:
+                await trio.sleep(interval)
+                if self.pending:
+                    await self.acommit()
+        finally:
+            with trio.CancelScope(shield=True):
+                if self.pending and self._broken is None and self._holder is not None:
+                    await self.acommit()
+
     async def __aenter__(self) -> "SegmentWriter":
         return self
 

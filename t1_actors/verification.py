@@ -10,7 +10,8 @@ Integrity, in the order it happens:
    sitecustomize / usercustomize / .pth, a fake ``pytest`` anywhere. Flagged, and none of it can move P:
 3. The tests run from the verifier's forkserver (``_sandbox/verify_server.py``): a trusted interpreter
    with pytest already imported, its own packages mounted read-only at their own paths, the pristine
-   tests mounted read-only at /tests only now, ``-c /dev/null --rootdir /tests --confcutdir /tests``
+   tests mounted read-only at /tests only now, the tests' own dependencies (pip-installed once into the
+   verifier's dir when its env lacks them) read-only, ``-c /dev/null --rootdir /tests --confcutdir /tests``
    so no workspace conftest or ini file loads, plugin autoload off, no network, a throwaway upper so
    the tests' writes never touch the trial.
 4. P comes from pytest's own reports through a plugin writing to a pipe; only ``passed`` counts
@@ -24,7 +25,6 @@ outcomes in memory. Tests that run the agent's programs as subprocesses are not 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import itertools
 import json
 import os
@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import VerifierResult
 
+from .backends._sandbox.dependencies import ensure_dependencies, missing_dependencies  # noqa: F401 (re-export)
 from .backends._sandbox.interface import SandboxInfraError
 from .backends.local_sandbox import TrialRoot
 from .config import section
@@ -62,6 +63,9 @@ class VerifierConfig(BaseModel):
     memory_mb: int = Field(2048, gt=0, description="memory cap of one verification (pytest + the code it runs)")
     pids_max: int = Field(256, gt=8)
     max_scan_entries: int = Field(200_000, gt=0, description="tamper scan stops (and flags) past this many paths")
+    install_test_dependencies: bool = Field(True, description="pip-install test deps the verifier's env lacks "
+                                                              "(once per requirement set, into base_dir/deps)")
+    pip_args: list[str] = Field(default_factory=list, description="extra pip args, e.g. --no-index --find-links DIR")
 
 
 @dataclass(frozen=True)
@@ -280,10 +284,9 @@ class Verifier:
         start = time.monotonic()
         sha = tree_sha256(task.tests.files)
         try:
-            missing = missing_dependencies(task.tests.dependencies)
-            if missing:
-                raise SandboxInfraError(f"test dependencies {missing} of task {task.id} are not installed in the "
-                                        f"verifier's environment ({sys.prefix}); pip install them there")
+            extra_paths = ensure_dependencies(task.tests.dependencies, self.base / "deps",
+                                              install=self.config.install_test_dependencies,
+                                              pip_args=list(self.config.pip_args))
             tests_dir, sha = self.pristine.materialise(task)
             upper_sys = {name: trial.upper.sys(name) for name in trial.stack.system_dirs}
             flags = tamper_scan(trial.upper.root(), upper_sys, self.config.max_scan_entries)
@@ -293,7 +296,7 @@ class Verifier:
                 "trial_root": trial.to_json(), "tests_dir": str(tests_dir), "targets": list(task.tests.targets),
                 "scratch": str(scratch), "timeout_s": task.limits.verifier_timeout_s,
                 "memory_bytes": self.config.memory_mb << 20, "pids": self.config.pids_max,
-                "env": {**trial.env, **task.tests.env}, "workdir": trial.workdir,
+                "env": {**trial.env, **task.tests.env}, "workdir": trial.workdir, "extra_paths": extra_paths,
             }).result(timeout=task.limits.verifier_timeout_s + 60)
         except SandboxInfraError as exc:
             return self._failed(task, trial, sha, str(exc), start)
@@ -351,17 +354,3 @@ class Verifier:
 @dataclass(frozen=True)
 class _Named:
     trial_id: str
-
-
-def missing_dependencies(requirements: list[str]) -> list[str]:
-    """Requirements (pip names, versions ignored) not installed in this interpreter's environment."""
-    missing = []
-    for requirement in requirements:
-        name = re.split(r"[<>=!~\[;@ ]", requirement.strip(), maxsplit=1)[0]
-        if not name:
-            continue
-        try:
-            importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            missing.append(name)
-    return missing

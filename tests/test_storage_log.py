@@ -283,3 +283,30 @@ def test_trio_wrappers_do_not_block_and_tail(tmp_path):
 
     trio.run(main)
     assert seen == [f"w:{i}" for i in range(12)]
+
+
+def test_group_commit_task_commits_pending_events_and_on_cancel(tmp_path):
+    log = EventLog.open(tmp_path / "log", create=True, config=TINY_CHUNKS)
+
+    async def main():
+        writer = await log.awriter("w", **ROUTING)
+        cursor = log.cursor()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.acommit_periodically, 0.01)
+            for seq in range(5):
+                await writer.aappend(mixed_event(seq))
+            seen = []
+            with trio.fail_after(30):
+                while len(seen) < 5:  # nobody called commit: the committer did
+                    seen += [eid for eid, _ in await cursor.apoll()]
+                    await trio.sleep(0.005)
+            nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.acommit_periodically, 3600)  # would never fire by itself
+            await writer.aappend(mixed_event(5))
+            nursery.cancel_scope.cancel()  # the shielded final commit takes the last event
+        assert writer.pending == 0
+        assert [eid for eid, _ in await cursor.apoll()] == ["w:5"]
+        await writer.aclose()
+
+    trio.run(main)

@@ -221,3 +221,26 @@ def test_symlinks_planted_where_the_verifier_mounts_are_replaced(backend, verifi
                                                "ln -s /app /work && rmdir /tmp && ln -s /etc /tmp"])
     assert outcome.infra_error is None, outcome.infra_error
     assert outcome.passed == HONEST and "test_path_written:/tests" in outcome.tamper_flags
+
+
+def test_missing_test_dependencies_are_installed_into_the_verifiers_own_env(backend, tmp_path):
+    package = tmp_path / "t1-depcheck-pkg"
+    (package / "t1_depcheck_pkg").mkdir(parents=True)
+    (package / "t1_depcheck_pkg" / "__init__.py").write_text("VALUE = 7\n")
+    (package / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                                            '"setuptools.build_meta"\n\n[project]\nname = "t1-depcheck-pkg"\n'
+                                            'version = "1.0"\n')
+    task = Task(id="deps", family="test", instruction="x",
+                tests=TaskTests(files={"test_dep.py": "import t1_depcheck_pkg\n\ndef test_dep():\n"
+                                                      "    assert t1_depcheck_pkg.VALUE == 7\n"},
+                                dependencies=["pytest", str(package)]))
+    offline = ["--no-index", "--no-build-isolation"]
+    with Verifier(VerifierConfig(base_dir=str(tmp_path / "v1"), pip_args=offline)) as verifier, \
+            backend.open(task, "deps") as sandbox:
+        outcome = verifier.verify(task, sandbox.trial_root)
+        assert outcome.infra_error is None and outcome.passed == 1, (outcome.infra_error, outcome.log_tail)
+        assert sandbox.exec("python3 -c 'import t1_depcheck_pkg'").exit_code != 0  # never in the agent's env
+    with Verifier(VerifierConfig(base_dir=str(tmp_path / "v2"), install_test_dependencies=False)) as verifier, \
+            backend.open(task, "deps") as sandbox:
+        refused = verifier.verify(task, sandbox.trial_root)
+        assert refused.infra_error and "not installed" in refused.infra_error and refused.passed == 0

@@ -187,8 +187,11 @@ class LocalSandboxBackend:
         for directory in self.trials_dir.iterdir():
             try:
                 owner = int((directory / "owner").read_text())
-            except (OSError, ValueError):  # no owner yet: another process may be opening it right now
-                if time.time() - directory.stat().st_mtime < 600:
+            except (OSError, ValueError):  # no owner yet (being opened), or already being torn down
+                try:
+                    if time.time() - directory.stat().st_mtime < 600:
+                        continue
+                except OSError:
                     continue
                 owner = None
             if owner is not None:

@@ -203,7 +203,8 @@ def _child(request: dict, trusted: list[str], result_fd: int) -> int:
     view.mount(root, Layer(scratch / "upper").create(stack.system_dirs), scratch / "work")
     _plain_dir(root, "/tests")
     linux.bind(request["tests_dir"], str(root / "tests"), read_only=True)
-    for path in trusted:
+    extra = [str(p) for p in request.get("extra_paths", [])]  # the verifier's installs of the tests' deps
+    for path in [*trusted, *extra]:
         _plain_dir(root, path)
         linux.bind(path, str(root) + path, read_only=True, recursive=False)
     _mount_proc_dev(root)
@@ -223,7 +224,7 @@ def _child(request: dict, trusted: list[str], result_fd: int) -> int:
     os.dup2(null, 0)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    sys.path[:] = [p for p in sys.path if p and any(p == t or p.startswith(t + "/") for t in trusted)]
+    sys.path[:] = [p for p in sys.path if p and any(p == t or p.startswith(t + "/") for t in trusted)] + extra
     sys.dont_write_bytecode = True
     import pytest
 

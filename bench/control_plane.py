@@ -1,0 +1,231 @@
+"""Control-plane and bulk cost of the runtime versus raw pynng, measured side by side in one run.
+
+Round trip: the runtime's request/reply (an actor process serving under trio: HMAC seal and check,
+envelope, record validation, dispatch to a handler, sealed reply) versus raw synchronous pynng
+Req0/Rep0 between two processes moving the same encoded record. The two are measured in
+alternating blocks so that both see the same machine load.
+
+Bulk: the runtime's ``push`` (sealed, into the actor's bulk inbox and its handler) versus raw pynng
+Push0/Pull0 of the same encoded records between two processes; MB/s from the first send until the
+receiver holds them all.
+
+    python bench/control_plane.py [--calls 2000] [--blocks 10] [--bulk-mb 4] [--bulk-count 48]
+
+Last line: one JSON object with rtt_p50_ratio, rtt_p99_ms, bulk_ratio (targets: <= 1.5, >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pynng
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from schemas import decode, encode  # noqa: E402
+from schemas.messages import Generic, Ping  # noqa: E402
+from t1_actors.config import parse_config  # noqa: E402
+from t1_actors.runtime import Actor, connect, handles  # noqa: E402
+
+KEY = "bench-key-0123456789abcdef"
+PAYLOAD = b"x" * 256  # a small control message, like a heartbeat or a cancel
+
+
+class BenchEcho(Actor):
+    role = "bench"
+
+    async def setup(self) -> None:
+        self.blobs = 0
+
+    @handles(Generic)
+    async def generic(self, req: Generic):
+        if req.op == "blob":
+            self.blobs += 1
+            return None
+        if req.op == "blobs":
+            return Generic(op="blobs", args={"n": self.blobs})
+        raise KeyError(req.op)
+
+
+# ---- raw pynng peers (separate process) ---------------------------------------------------------
+def raw_server(rep_addr: str, pull_addr: str) -> None:
+    """Echo requests; count pulled messages and report the count on request."""
+    import threading
+
+    pulled = [0]
+
+    def pull_loop():
+        with pynng.Pull0(listen=pull_addr, recv_max_size=0) as pull:
+            while True:
+                pull.recv()
+                pulled[0] += 1
+
+    threading.Thread(target=pull_loop, daemon=True).start()
+    with pynng.Rep0(listen=rep_addr) as rep:
+        while True:
+            msg = rep.recv()
+            if msg == b"count":
+                rep.send(str(pulled[0]).encode())
+            elif msg == b"stop":
+                rep.send(b"")
+                return
+            else:
+                rep.send(msg)
+
+
+def serve_actor_process(config_path: str) -> None:
+    from t1_actors.config import load_config
+    from t1_actors.runtime import run_actor_process
+
+    sys.exit(run_actor_process(BenchEcho, load_config(config_path), "bench-0"))
+
+
+# ---- measurements -------------------------------------------------------------------------------
+def raw_rtt_block(req: pynng.Req0, n: int) -> list[float]:
+    wire = encode(Ping(payload=PAYLOAD))
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        req.send(wire)
+        decode(req.recv())
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+async def runtime_rtt_block(group, n: int) -> list[float]:
+    record = Ping(payload=PAYLOAD)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await group.call(record, deadline_s=5)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def raw_bulk(req: pynng.Req0, push: pynng.Push0, blob: bytes, count: int) -> float:
+    req.send(b"count")
+    before = int(req.recv())
+    wire = encode(Generic(op="blob", args={"data": blob}))
+    t0 = time.perf_counter()
+    for _ in range(count):
+        push.send(wire)
+    while True:
+        req.send(b"count")
+        if int(req.recv()) - before >= count:
+            break
+        time.sleep(0.0005)
+    return len(wire) * count / (time.perf_counter() - t0) / 1e6
+
+
+async def runtime_bulk(group, blob: bytes, count: int) -> float:
+    before = (await group.call(Generic(op="blobs"))).args["n"]
+    record = Generic(op="blob", args={"data": blob})
+    size = len(encode(record))
+    t0 = time.perf_counter()
+    for _ in range(count):
+        await group.push(record)
+    while (await group.call(Generic(op="blobs"))).args["n"] - before < count:
+        await trio.sleep(0.0005)
+    return size * count / (time.perf_counter() - t0) / 1e6
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000, help="round trips per side")
+    parser.add_argument("--blocks", type=int, default=10, help="alternating blocks the calls are split into")
+    parser.add_argument("--bulk-mb", type=float, default=4.0, help="size of one bulk message (MiB)")
+    parser.add_argument("--bulk-count", type=int, default=48, help="bulk messages per measurement")
+    parser.add_argument("--bulk-rounds", type=int, default=3)
+    parser.add_argument("--serve-raw", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-actor", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_raw:
+        return raw_server(*args.serve_raw)
+    if args.serve_actor:
+        return serve_actor_process(args.serve_actor)
+
+    base = Path(tempfile.mkdtemp(prefix="t1cp-"))
+    config = parse_config({"run": {"id": "bench", "dir": str(base), "hmac_key": KEY},
+                           "actors": [{"name": "bench-0", "role": "bench",
+                                       "actor_class": "bench.control_plane:BenchEcho"}]})
+    cfg_path = base / "run.json"
+    cfg_path.write_text(json.dumps({**config.to_jsonable(), "run": {**config.to_jsonable()["run"], "hmac_key": KEY}}))
+    rep_addr, pull_addr = f"ipc://{base}/raw-rep", f"ipc://{base}/raw-pull"
+    me = [sys.executable, str(Path(__file__).resolve())]
+    procs = [subprocess.Popen(me + ["--serve-raw", rep_addr, pull_addr]),
+             subprocess.Popen(me + ["--serve-actor", str(cfg_path)], stderr=subprocess.DEVNULL)]
+    try:
+        result = trio.run(measure, args, config, rep_addr, pull_addr)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+        shutil.rmtree(base, ignore_errors=True)
+    print(json.dumps(result))
+
+
+async def measure(args, config, rep_addr: str, pull_addr: str) -> dict:
+    req = pynng.Req0(recv_max_size=0)
+    req.dial(rep_addr, block=False)
+    push = pynng.Push0()
+    push.dial(pull_addr, block=False)
+    async with connect(config, "bench") as peers:
+        group = peers("bench-0")
+        with trio.fail_after(120):  # both servers up
+            while True:
+                try:
+                    await group.call(Ping(), deadline_s=1)
+                    break
+                except Exception:
+                    await trio.sleep(0.1)
+        raw_rtt_block(req, 50)  # warm both paths
+        await runtime_rtt_block(group, 50)
+        raw, rt = [], []
+        per_block = max(1, args.calls // args.blocks)
+        for _ in range(args.blocks):
+            raw += raw_rtt_block(req, per_block)
+            rt += await runtime_rtt_block(group, per_block)
+        blob = os.urandom(int(args.bulk_mb * (1 << 20)))
+        raw_bulk(req, push, blob, 4)
+        await runtime_bulk(group, blob, 4)
+        raw_mbps, rt_mbps = [], []
+        for _ in range(args.bulk_rounds):
+            raw_mbps.append(raw_bulk(req, push, blob, args.bulk_count))
+            rt_mbps.append(await runtime_bulk(group, blob, args.bulk_count))
+    req.send(b"stop")
+    req.recv()
+    req.close()
+    push.close()
+    raw_p50, rt_p50 = pct(raw, 0.5), pct(rt, 0.5)
+    raw_bulk_mbps, rt_bulk_mbps = statistics.median(raw_mbps), statistics.median(rt_mbps)
+    return {
+        "rtt_p50_ratio": round(rt_p50 / raw_p50, 3),
+        "rtt_p99_ms": round(pct(rt, 0.99) * 1e3, 3),
+        "bulk_ratio": round(rt_bulk_mbps / raw_bulk_mbps, 3),
+        "rtt_p50_us": round(rt_p50 * 1e6, 1), "raw_rtt_p50_us": round(raw_p50 * 1e6, 1),
+        "raw_rtt_p99_ms": round(pct(raw, 0.99) * 1e3, 3),
+        "bulk_MBps": round(rt_bulk_mbps, 1), "raw_bulk_MBps": round(raw_bulk_mbps, 1),
+        "calls": len(rt), "bulk_message_MiB": args.bulk_mb, "bulk_count": args.bulk_count,
+        "transport": "ipc", "cpus": os.cpu_count(), "load_average": round(os.getloadavg()[0], 1),
+        "targets_met": rt_p50 / raw_p50 <= 1.5 and rt_bulk_mbps / raw_bulk_mbps >= 0.8,
+    }
+
+
+if __name__ == "__main__":
+    main()
