@@ -277,7 +277,11 @@ def _sft_with_progress(run_dir, config, tasks, tokenizer, campaign):
 
 
 async def _run_actors(config, campaign: CampaignConfig, console) -> None:
-    """Phase 4: the six actors under the supervisor until the staleness controller's final eval is logged."""
+    """Phase 4: the six actors under the supervisor until the staleness controller's final eval is logged.
+
+    SIGINT/SIGTERM reach the supervisor, which stops every actor cleanly; the summary is still written
+    from whatever the log holds.
+    """
     import trio
     from rich.progress import BarColumn, Progress, TextColumn
 
@@ -287,10 +291,15 @@ async def _run_actors(config, campaign: CampaignConfig, console) -> None:
 
     log = EventLog.open(log_path(Path(config.run.dir)))
     budget = campaign.rl_seconds + campaign.finish_timeout_s + 2 * campaign.actor_ready_timeout_s + 600
+    supervisor = Supervisor(config)
     async with trio.open_nursery() as nursery:
-        supervisor = Supervisor(config)
+
+        async def supervise(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            await supervisor.run(handle_signals=True, task_status=task_status)
+            nursery.cancel_scope.cancel()  # stopped by a signal or a failure: nothing left to follow
+
         with trio.fail_after(campaign.actor_ready_timeout_s * 3):
-            await nursery.start(supervisor.run)
+            await nursery.start(supervise)
         console.log(f"actors up: {', '.join(sorted(supervisor.actors))}")
         try:
             with Progress(TextColumn("[bold]4/5 {task.fields[phase]}"), BarColumn(),
@@ -301,7 +310,6 @@ async def _run_actors(config, campaign: CampaignConfig, console) -> None:
         finally:
             with trio.CancelScope(shield=True):
                 await supervisor.shutdown("campaign finished")
-            nursery.cancel_scope.cancel()
 
 
 async def _follow(log, bar, job) -> None:

@@ -9,6 +9,7 @@ generalise (36 % held-out) where a fixed set memorises (21 %).
 
 from __future__ import annotations
 
+import math
 import queue
 import random
 import threading
@@ -75,13 +76,13 @@ class OracleProducer:
     """A background thread that executes oracle trajectories of fresh training tasks in sandboxes."""
 
     def __init__(self, tasks: list, execute_oracle: Callable[[Any], list[str] | None], tokenizer,
-                 tool_output_chars: int, max_len: int, capacity: int = 4096, workers: int = 2):
+                 tool_output_chars: int, max_len: int, capacity: int = 4096, workers: int = 1):
         self._tasks, self._execute, self._tokenizer = iter(tasks), execute_oracle, tokenizer
         self._chars, self._max_len = tool_output_chars, max_len
         self._queue: queue.Queue = queue.Queue(maxsize=capacity)
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        # Sandbox execs mostly wait on child processes, so a couple of threads keep up with training.
+        # Sandbox execs cost CPU that training wants too: one worker on 2 cores, more where cores allow.
         self._threads = [threading.Thread(target=self._run, name=f"oracle-producer-{i}", daemon=True)
                          for i in range(workers)]
         self.failures = 0
@@ -145,6 +146,13 @@ def sft_loss(model, ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tens
     return (nll * weights).sum() / weights.sum().clamp(min=1.0)
 
 
+def sft_learning_rate(peak: float, step: int, progress: float, warmup_steps: int = 20, floor: float = 0.1) -> float:
+    """Linear warm-up over ``warmup_steps``, then cosine decay to ``floor * peak`` at the end of the time
+    budget (``progress`` = elapsed / budget, since SFT is budgeted in seconds, not steps)."""
+    warm = min(1.0, (step + 1) / warmup_steps)
+    return peak * warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
 def pad_batch(examples: list[tuple[np.ndarray, np.ndarray]], pad_id: int) -> tuple[torch.Tensor, ...]:
     width = max(len(ids) for ids, _ in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
@@ -179,7 +187,9 @@ def supervised_finetune(model, producer: OracleProducer, *, seconds: float, batc
         raise RuntimeError("SFT: the oracle producer made no example (are the sandbox and the task corpus working?)")
     start, steps, tokens, losses, seen = time.monotonic(), 0, 0, [], 0
     model.train()
-    while time.monotonic() - start < seconds:
+    while (elapsed := time.monotonic() - start) < seconds:
+        for group in optimizer.param_groups:
+            group["lr"] = sft_learning_rate(lr, steps, elapsed / seconds)
         pool.extend(producer.drain())
         fresh = pool[-batch_size:] if steps % 2 == 0 else []  # favour the newest examples, replay the rest
         batch = fresh + rng.sample(pool, k=min(batch_size - len(fresh), len(pool)))
