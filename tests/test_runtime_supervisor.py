@@ -117,8 +117,7 @@ async def test_crash_is_restarted_and_endless_crashes_are_given_up(run_dir):
     config = parse_config(config_for(run_dir, actors, restart_limit=2))
     supervisor = Supervisor(config, env=ENV)
     with pytest.raises(SupervisorError, match="'always' was given up on"):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(supervisor.run)
+        await supervisor.run()
     events = lifecycle(run_dir)
     assert ("once", "died", "exit code 1") in events and ("once", "restarted", "") in events
     assert [e for e in events if e[0] == "always" and e[1] == "died"] == [("always", "died", "exit code 1")] * 3

@@ -113,24 +113,31 @@ class Supervisor:
                     if managed.local:
                         nursery.start_soon(self._keep_alive, managed)
                 nursery.start_soon(self._watchdog)
-                try:
-                    async with trio.open_nursery() as startup:  # a stop request may come before readiness
-                        async def stop_waiting() -> None:
-                            await self._stop_requested.wait()
-                            startup.cancel_scope.cancel()
-                        startup.start_soon(stop_waiting)
-                        await self._wait_all_ready()
+                failure: SupervisorError | None = None
+                async with trio.open_nursery() as startup:  # a stop request may come before readiness
+                    async def stop_waiting() -> None:
+                        await self._stop_requested.wait()
                         startup.cancel_scope.cancel()
-                except SupervisorError:
+                    startup.start_soon(stop_waiting)
+                    try:
+                        await self._wait_all_ready()
+                    except SupervisorError as exc:
+                        failure = exc
+                    startup.cancel_scope.cancel()
+                if failure is not None:
+                    self.logger.error("run_failed", error=str(failure))
                     await self._stop_all(peers, "an actor did not come up")
-                    raise
-                if not self._stop_requested.is_set():
-                    local = sorted(n for n, m in self.actors.items() if m.local)
-                    self.logger.info("run_ready", actors=local)
-                    task_status.started(self)
-                await self._stop_requested.wait()
-                await self._stop_all(peers, self._stop_reason)
-                nursery.cancel_scope.cancel()
+                    nursery.cancel_scope.cancel()
+                else:
+                    if not self._stop_requested.is_set():
+                        local = sorted(n for n, m in self.actors.items() if m.local)
+                        self.logger.info("run_ready", actors=local)
+                        task_status.started(self)
+                    await self._stop_requested.wait()
+                    await self._stop_all(peers, self._stop_reason)
+                    nursery.cancel_scope.cancel()
+            if failure is not None:
+                raise failure  # plain, not wrapped in a nursery's exception group
         finally:
             peers.close()
             with trio.CancelScope(shield=True):
