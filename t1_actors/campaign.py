@@ -173,7 +173,19 @@ def load_campaign_config(path: str | Path, *, quick: bool = False, run_dir: str 
         data = _deep_merge(data, overrides)
     if run_dir is not None:
         data.setdefault("run", {})["dir"] = str(run_dir)
-    return parse_config(data, str(path))
+    config = parse_config(data, str(path))
+    check_temperatures(config, str(path))
+    return config
+
+
+def check_temperatures(config, source: str) -> None:
+    """PPO's ratio is only right when the learner takes logprobs at the temperature the sampler stored."""
+    from .config import ConfigError
+
+    sampled, trained = config.section("sampler").temperature, config.section("ppo").temperature
+    if sampled != trained:
+        raise ConfigError(f"{source}: [sampler] temperature = {sampled} but [ppo] temperature = {trained}; "
+                          "set both to the same value (the sampler stores logprobs at its temperature)")
 
 
 def _deep_merge(base: dict, top: dict) -> dict:

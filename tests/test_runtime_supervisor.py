@@ -22,7 +22,7 @@ from t1_actors.config import load_config, parse_config
 from t1_actors.runtime import DeadlineExceeded, connect
 from t1_actors.runtime.supervisor import Supervisor, SupervisorError
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 KEY = "supervisor-test-key-0123456789"
 TESTS = Path(__file__).resolve().parent
@@ -45,7 +45,7 @@ def run_dir():
 
 def config_for(run_dir: Path, actors: list[dict], **supervisor) -> dict:
     return {"run": {"id": "sv", "dir": str(run_dir), "hmac_key": KEY},
-            "transport": {"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 2.0, "control_deadline_s": 5.0},
+            "transport": {"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 5.0, "control_deadline_s": 5.0},
             "supervisor": {"restart_backoff_s": 0.05, "shutdown_grace_s": 5.0, "ready_timeout_s": 120.0,
                            **supervisor},
             "actors": actors}
@@ -119,7 +119,8 @@ async def test_crash_is_restarted_and_endless_crashes_are_given_up(run_dir):
     with pytest.raises(SupervisorError, match="'always' was given up on"):
         await supervisor.run()
     events = lifecycle(run_dir)
-    assert ("once", "died", "exit code 1") in events and ("once", "restarted", "") in events
+    # 'once' crashed in run() (exit code 1; or, on a loaded machine, was killed for silence first)
+    assert any(e[0] == "once" and e[1] == "died" for e in events) and ("once", "restarted", "") in events
     assert [e for e in events if e[0] == "always" and e[1] == "died"] == [("always", "died", "exit code 1")] * 3
     assert any(e[0] == "always" and e[1] == "gave_up" and "2 restarts" in e[2] for e in events)
     assert all(not alive(m.process.pid) for m in supervisor.actors.values())

@@ -201,7 +201,7 @@ class ActorHost:
             raise
         except BaseException as exc:
             with trio.CancelScope(shield=True):
-                await self.log_lifecycle("died", reason=repr(exc)[:500])
+                await self.log_lifecycle("died", reason=_describe(exc))
             raise
         finally:
             with trio.CancelScope(shield=True):
@@ -227,6 +227,13 @@ class ActorHost:
                 await self.ctx.writer.aclose()  # commits the tail: no half-written event
                 self.ctx.writer = None
             self.logger.info("stopped", rejected=dict(self.rejects.counts))
+
+
+def _describe(exc: BaseException) -> str:
+    """The leaf exceptions of a (nested) exception group, e.g. "RuntimeError: disk full"."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)[:500]
+    return f"{type(exc).__name__}: {exc}"[:500]
 
 
 async def _open_writer(config: RunConfig, name: str):
