@@ -77,7 +77,7 @@ def raw_server(rep_addr: str, pull_addr: str) -> None:
             if msg == b"count":
                 rep.send(str(pulled[0]).encode())
             elif msg == b"stop":
-                rep.send(b"")
+                rep.send(b"bye")  # not empty: pynng 0.9 cannot receive an empty message
                 return
             else:
                 rep.send(msg)

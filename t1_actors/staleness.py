@@ -10,6 +10,7 @@ actors through ``ActorPorts``; the orchestration itself is ``t1_actors.trials`` 
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import time
 
@@ -131,6 +132,17 @@ class StalenessActor(Actor):
                     self.version_changed = trio.Event()
             await trio.sleep(0.2)
 
+    def _rl_seconds_left(self) -> float:
+        """RL's wall-clock budget survives a restart of this actor: its start is kept beside the log."""
+        path = self.ctx.run_dir / "checkpoints" / f"{self.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            started = json.loads(path.read_text())["rl_started_at"]
+        except (OSError, ValueError, KeyError):
+            started = time.time()
+            path.write_text(json.dumps({"rl_started_at": started}))
+        return max(0.0, self.campaign.rl_seconds - (time.time() - started))
+
     async def _events(self, kind: str) -> list:
         return await trio.to_thread.run_sync(lambda: list(self.reader.events(kinds=[kind])))
 
@@ -160,7 +172,7 @@ class StalenessActor(Actor):
                 self.logger.info("phase", phase="rl", seconds=self.campaign.rl_seconds)
                 rng = random.Random(self.campaign.seed + 2)
                 order = itertools.cycle(rng.sample(self.train_ids, len(self.train_ids)))
-                end = trio.current_time() + self.campaign.rl_seconds
+                end = trio.current_time() + self._rl_seconds_left()
 
                 def until() -> bool:
                     return trio.current_time() >= end

@@ -299,12 +299,12 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
                     nursery.start_soon(partial(_train_trial, runner, flight, batch, config, stats, fresh=True))
                 with trio.move_on_after(1.0):
                     await batch.changed.wait()
-            for flight in batch.in_flight.values():  # the batch is full (or time is up): cut the tail
+            for flight in list(batch.in_flight.values()):  # the batch is full (or time is up): cut the tail
                 flight.scope.cancel()
                 keep = config.on_cancel == "continue" and not until()
                 with trio.move_on_after(5.0):
                     await ports.cancel(flight.trial_id, sandbox_id=None if keep else flight.sandbox_id)
-        for flight in batch.in_flight.values():
+        for flight in list(batch.in_flight.values()):
             keep = config.on_cancel == "continue" and not until()
             await ports.log(StalenessDecision(trial_id=flight.trial_id, decision="cancel", lag=0,
                                               policy_version=ports.learner_version(),

@@ -75,7 +75,8 @@ class GracefulActor(Actor):
 
 
 class CrashingActor(Actor):
-    """Dies in run() on its first start (``always``: on every start); lives otherwise."""
+    """Dies in setup() (before it serves or sends a heartbeat) on its first start, or on every start
+    with ``always``; lives otherwise."""
 
     role = "crasher"
 
@@ -83,9 +84,8 @@ class CrashingActor(Actor):
         model_config = ConfigDict(extra="forbid")
         always: bool = False
 
-    async def run(self) -> None:
+    async def setup(self) -> None:
         marker = self.ctx.run_dir / f"{self.name}.started"
         if self.options.always or not marker.exists():
             marker.write_text("1")
             raise RuntimeError("crashing on first start, as designed")
-        await trio.sleep_forever()
