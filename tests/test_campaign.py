@@ -74,7 +74,7 @@ def _micro_config(tmp_path: Path, **changes) -> Path:
     """configs/tiny.toml shrunk further for tests (its [quick] tables still apply with --quick)."""
     data = tomllib.loads(TINY.read_text())
     data["quick"]["tasks"].update(train_size=200, eval_size=12)
-    data["quick"]["campaign"].update(sft_seconds=30, rl_seconds=40, warmup_trials=6, eval_concurrency=12)
+    data["quick"]["campaign"].update(sft_seconds=40, rl_seconds=40, warmup_trials=6, eval_concurrency=12)
     data["quick"]["critic"] = {"warmup_trajectories": 4}
     data["quick"]["staleness"] = {"batch_size": 6}
     for section, values in changes.items():

@@ -136,3 +136,12 @@ def test_cli_help_lists_roles(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--version"])
     assert "t1 0.1.0" in capsys.readouterr().out
+
+
+def test_example_cluster_config_is_valid():
+    from pathlib import Path
+
+    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "example_cluster.toml")
+    assert {s.host for s in config.actors} == {"ctl-0", "gpu-0", "gpu-1"}
+    assert all(config.control_address(s).startswith("tcp://") for s in config.actors)
+    assert [s.name for s in config.actors_of("sampler")] == ["sampler-0", "sampler-1"]

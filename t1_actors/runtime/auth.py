@@ -22,6 +22,8 @@ import struct
 import time
 from collections import deque
 
+import trio
+
 from .errors import AuthError
 
 MAGIC = b"T1\x01"
@@ -29,6 +31,7 @@ REQUEST, REPLY, BULK = b"Q", b"R", b"B"
 _PREFIX = 28
 _HEADER = 60
 _MAX_NONCES = 4_000_000
+OFFLOAD_BYTES = 1 << 20  # frames this large are MACed in a worker thread
 
 
 class Sealer:
@@ -38,6 +41,12 @@ class Sealer:
         if not key:
             raise ValueError("the HMAC key is empty; set [run] hmac_key or T1_RUN_KEY")
         self._key = hmac.new(key, digestmod=hashlib.sha256)
+
+    async def aseal(self, channel: bytes, body: bytes) -> bytes:
+        """``seal`` that MACs a large body in a worker thread, keeping the event loop responsive."""
+        if len(body) < OFFLOAD_BYTES:
+            return self.seal(channel, body)
+        return await trio.to_thread.run_sync(self.seal, channel, body)
 
     def seal(self, channel: bytes, body: bytes) -> bytes:
         prefix = MAGIC + channel + struct.pack(">Q", time.time_ns()) + os.urandom(16)
@@ -60,6 +69,18 @@ class Opener:
 
     def open(self, channel: bytes, frame: bytes) -> memoryview:
         """The body of an authentic, fresh frame; AuthError(reason) otherwise."""
+        self._check_mac(channel, frame)
+        return self._check_fresh(frame)
+
+    async def aopen(self, channel: bytes, frame: bytes) -> memoryview:
+        """``open`` that checks the MAC of a large frame in a worker thread (hashlib releases the GIL),
+        so that verifying a bulk payload does not stall the event loop (heartbeats, pings)."""
+        if len(frame) < OFFLOAD_BYTES:
+            return self.open(channel, frame)
+        await trio.to_thread.run_sync(self._check_mac, channel, frame)
+        return self._check_fresh(frame)  # the nonce book is only touched from the trio thread
+
+    def _check_mac(self, channel: bytes, frame: bytes) -> None:
         if len(frame) < _HEADER:
             raise AuthError("short", f"{len(frame)} bytes, a frame has at least {_HEADER}")
         view = memoryview(frame)
@@ -72,6 +93,8 @@ class Opener:
         mac.update(view[_HEADER:])
         if not hmac.compare_digest(mac.digest(), frame[_PREFIX:_HEADER]):
             raise AuthError("bad_mac", "forged, corrupted or signed with another run's key")
+
+    def _check_fresh(self, frame: bytes) -> memoryview:
         sent_ns = struct.unpack_from(">Q", frame, 4)[0]
         now = time.time_ns()
         if abs(now - sent_ns) > self._max_age_ns:
@@ -84,7 +107,7 @@ class Opener:
             raise AuthError("flood", "too many fresh nonces in the replay window")
         self._seen.add(nonce)
         self._order.append((sent_ns, nonce))
-        return view[_HEADER:]
+        return memoryview(frame)[_HEADER:]
 
     def _forget_before(self, horizon_ns: int) -> None:
         # Nonces are dropped by send time; a frame older than the horizon is rejected as stale anyway.

@@ -1,9 +1,10 @@
 """pynng sockets under trio: control request/reply with deadlines, bulk push/pull without.
 
-Control plane: each actor listens on a Rep0 socket and serves every request in its own trio task on its
-own nng context, so a slow handler never holds up a heartbeat or a ping. A caller opens one Req0
-socket per peer and one context per call; the call runs under a deadline and a miss raises
-``DeadlineExceeded`` (nng cancels the request, nothing hangs).
+Control plane: each actor listens on a raw-mode Rep0 socket (nngraw.py) and serves every request in
+its own trio task, so a slow handler never holds up a heartbeat or a ping. A caller keeps a small pool
+of Req0 sockets per peer, one per call in flight; the call runs under a deadline and a miss raises
+``DeadlineExceeded`` (the request is abandoned, nothing hangs). Both sides wait on nng's pollable fds
+in trio's own epoll rather than through pynng's callback thread, which halves the round trip.
 
 Bulk: each actor also listens on a Pull0 socket; senders Push0 to it. A push waits for the receiver
 as long as it takes (weights, trajectories: no control-plane deadline) and the receiver handles bulk
@@ -29,11 +30,13 @@ from schemas.messages import ErrorReply
 
 from .auth import BULK, REPLY, REQUEST, Opener, Sealer
 from .errors import AuthError, DeadlineExceeded
+from .nngraw import RawRep
 from .wire import RawEnvelope, pack_envelope, unpack_envelope
 
 Handler = Callable[[RawEnvelope], Awaitable[Record]]
 BulkHandler = Callable[[RawEnvelope], Awaitable[None]]
 
+_BULK_QUEUE = 8  # bulk messages queued on each side, so sealing, moving and checking overlap
 _NO_RESEND_MS = 24 * 3600 * 1000  # nng would otherwise resend after 60 s: a duplicate we reject as a replay
 
 
@@ -79,64 +82,95 @@ class ControlServer:
 
     async def serve(self, handle: Handler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until ``stop_accepting()``; then return once every request in flight has been answered."""
-        sock = pynng.Rep0(recv_max_size=self._max_bytes)
-        _listen(sock, self.address, f"actor {self.name!r} control")
+        sock = RawRep(max_bytes=self._max_bytes)
+        _listen(sock.sock, self.address, f"actor {self.name!r} control")
         try:
             async with trio.open_nursery() as handlers:
                 task_status.started()
                 with self._accepting:
                     while True:
-                        ctx = sock.new_context()
-                        try:
-                            frame = await ctx.arecv()
-                        except BaseException:
-                            ctx.close()
-                            raise
-                        handlers.start_soon(self._serve_one, ctx, frame, handle)
+                        header, frame = await sock.receive()
+                        handlers.start_soon(self._serve_one, sock, header, frame, handle)
         finally:
             sock.close()
 
     def stop_accepting(self) -> None:
         self._accepting.cancel()
 
-    async def _serve_one(self, ctx: pynng.Context, frame: bytes, handle: Handler) -> None:
+    async def _serve_one(self, sock: RawRep, header: bytes, frame: bytes, handle: Handler) -> None:
         try:
+            env = unpack_envelope(self._opener.open(REQUEST, frame))
+            if env.dest != self.name:
+                raise AuthError("misaddressed", f"for {env.dest!r}, this is {self.name!r}")
+        except AuthError as exc:
+            self.rejects.note(exc)
+            return  # dropped without a reply: the caller's deadline covers it
+        reply = await handle(env)
+        body = pack_envelope(self.name, env.sender, reply, os.urandom(8), env.msg_id)
+        frame = self._sealer.seal(REPLY, body)
+        if not sock.try_reply(header, frame):  # the send buffer is full: wait for room, but never hang
+            with trio.move_on_after(30):
+                await sock.reply(header, frame)
+
+
+class _ReqSocket:
+    """One cooked Req0 socket driven through its pollable fds: trio's epoll wakes the caller directly,
+    without the callback thread hop of pynng's async API (which doubles a round trip)."""
+
+    def __init__(self, address: str, max_bytes: int):
+        self.sock = pynng.Req0(recv_max_size=max_bytes, resend_time=_NO_RESEND_MS)
+        self.sock.dial(address, block=False)  # connects (and reconnects) in the background
+        self.recv_fd, self.send_fd = self.sock.recv_fd, self.sock.send_fd
+
+    async def request(self, frame: bytes) -> bytes:
+        # A new request on a cooked Req0 socket abandons any earlier one (e.g. one whose deadline
+        # passed): its late reply is discarded by nng, so a socket is reusable after a cancel.
+        while True:
             try:
-                env = unpack_envelope(self._opener.open(REQUEST, frame))
-                if env.dest != self.name:
-                    raise AuthError("misaddressed", f"for {env.dest!r}, this is {self.name!r}")
-            except AuthError as exc:
-                self.rejects.note(exc)
-                return  # dropped without a reply: the caller's deadline covers it
-            reply = await handle(env)
-            body = pack_envelope(self.name, env.sender, reply, os.urandom(8), env.msg_id)
-            with trio.move_on_after(30):  # a Rep send does not block in practice; never hang on it
-                await ctx.asend(self._sealer.seal(REPLY, body))
-        finally:
-            ctx.close()
+                self.sock.send(frame, block=False)
+                break
+            except pynng.TryAgain:  # not connected yet, or the pipe is busy
+                await trio.lowlevel.wait_readable(self.send_fd)
+        while True:
+            try:
+                return self.sock.recv(block=False)
+            except pynng.TryAgain:
+                await trio.lowlevel.wait_readable(self.recv_fd)
+
+    def close(self) -> None:
+        for fd in (self.recv_fd, self.send_fd):
+            try:
+                trio.lowlevel.notify_closing(fd)  # wake any task still waiting on it
+            except RuntimeError:  # closed outside a trio run: nobody can be waiting
+                pass
+        self.sock.close()
 
 
 class ControlClient:
-    """Calls one peer. Safe to share between tasks: each call gets its own nng context."""
+    """Calls one peer. Safe to share between tasks: each call in flight uses its own socket from a
+    pool (one connection each); idle sockets are kept for the next call."""
 
     def __init__(self, me: str, peer: str, address: str, sealer: Sealer, opener: Opener, *, max_bytes: int,
                  rejects: RejectLog):
         self.me, self.peer, self.address = me, peer, address
-        self._sealer, self._opener, self.rejects = sealer, opener, rejects
-        self._sock = pynng.Req0(recv_max_size=max_bytes, resend_time=_NO_RESEND_MS)
-        self._sock.dial(address, block=False)  # connects (and reconnects) in the background
+        self._sealer, self._opener, self.rejects, self._max_bytes = sealer, opener, rejects, max_bytes
+        self._idle: list[_ReqSocket] = [_ReqSocket(address, max_bytes)]  # start connecting now
+        self._busy: set[_ReqSocket] = set()
+        self._closed = False
 
     async def call(self, record: Record, deadline_s: float | None) -> Record:
         """Send ``record``, return the peer's reply record. ``deadline_s=None``: wait as long as it takes."""
+        if self._closed:
+            raise RuntimeError(f"client to {self.peer!r} is closed")
         op = record.kind
         msg_id = os.urandom(8)
         frame = self._sealer.seal(REQUEST, pack_envelope(self.me, self.peer, record, msg_id))
-        ctx = self._sock.new_context()
+        sock = self._idle.pop() if self._idle else _ReqSocket(self.address, self._max_bytes)
+        self._busy.add(sock)
         try:
             limit = math.inf if deadline_s is None else deadline_s
             with trio.move_on_after(limit):
-                await ctx.asend(frame)
-                reply = await ctx.arecv()
+                reply = await sock.request(frame)
                 try:
                     env = unpack_envelope(self._opener.open(REPLY, reply))
                     if env.reply_to != msg_id or env.dest != self.me or env.sender != self.peer:
@@ -147,10 +181,17 @@ class ControlClient:
                     return ErrorReply(error="ReplyRejected", detail=f"reply from {self.peer!r} rejected: {exc}")
             raise DeadlineExceeded(self.peer, op, limit)
         finally:
-            ctx.close()
+            self._busy.discard(sock)
+            if self._closed:
+                sock.close()
+            else:
+                self._idle.append(sock)
 
     def close(self) -> None:
-        self._sock.close()
+        self._closed = True
+        for sock in [*self._idle, *self._busy]:
+            sock.close()
+        self._idle.clear()
 
 
 class BulkInbox:
@@ -161,14 +202,14 @@ class BulkInbox:
         self._opener, self._max_bytes, self.rejects = opener, max_bytes, rejects
 
     async def serve(self, handle: BulkHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        sock = pynng.Pull0(recv_max_size=self._max_bytes)
+        sock = pynng.Pull0(recv_max_size=self._max_bytes, recv_buffer_size=_BULK_QUEUE)
         _listen(sock, self.address, f"actor {self.name!r} bulk")
         try:
             task_status.started()
             while True:
                 frame = await sock.arecv()
                 try:
-                    env = unpack_envelope(self._opener.open(BULK, frame))
+                    env = unpack_envelope(await self._opener.aopen(BULK, frame))
                     if env.dest != self.name:
                         raise AuthError("misaddressed", f"for {env.dest!r}, this is {self.name!r}")
                 except AuthError as exc:
@@ -186,12 +227,12 @@ class BulkOutbox:
     def __init__(self, me: str, peer: str, address: str, sealer: Sealer):
         self.me, self.peer, self.address = me, peer, address
         self._sealer = sealer
-        self._sock = pynng.Push0()
+        self._sock = pynng.Push0(send_buffer_size=_BULK_QUEUE)
         self._sock.dial(address, block=False)
 
     async def push(self, record: Record) -> None:
         body = pack_envelope(self.me, self.peer, record, os.urandom(8))
-        await self._sock.asend(self._sealer.seal(BULK, body))
+        await self._sock.asend(await self._sealer.aseal(BULK, body))
 
     def close(self) -> None:
         self._sock.close()

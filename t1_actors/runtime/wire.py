@@ -35,7 +35,7 @@ class RawEnvelope:
 def unpack_envelope(body: memoryview | bytes) -> RawEnvelope:
     """Parse an authenticated body; AuthError('malformed') when it is not an envelope."""
     try:
-        obj = unpack(bytes(body))
+        obj = unpack(body)  # msgpack reads the memoryview in place: no copy of a bulk payload
     except Exception as exc:  # msgpack raises many types on garbage
         raise AuthError("malformed", f"body is not msgpack ({type(exc).__name__})") from None
     if not isinstance(obj, dict) or set(obj) != {"s", "d", "i", "r", "m"}:
