@@ -18,7 +18,7 @@ import numpy as np
 import trio
 
 from schemas import (
-    Cancel, EvalResult, GenerateRequest, Generic, SandboxClose, SandboxExec, SandboxOpen, VerifierResult,
+    Cancel, GenerateRequest, Generic, SandboxClose, SandboxExec, SandboxOpen, VerifierResult,
     VerifyRequest, WeightsPublished,
 )
 from storage import EventLog
@@ -192,9 +192,6 @@ class StalenessActor(Actor):
 
 class _TrackingRunner(TrialRunner):
     """Remembers which task each trial plays (the sandbox call needs its per-command timeout)."""
-
-    def new_trial_id(self, split: str) -> str:
-        return super().new_trial_id(split)
 
     async def play(self, trial_id, task_id, **kwargs):
         self.tasks.trial_task[trial_id] = task_id

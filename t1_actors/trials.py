@@ -104,39 +104,47 @@ class TrialRunner:
         return outcome
 
 
-async def run_eval(runner: TrialRunner, task_ids: list[str], *, label: str, concurrency: int,
-                   on_progress: Callable[[int], None] | None = None) -> EvalResult:
-    """Every eval task once with the current policy: resolved rate (all tests pass), mean reward, 95 % CI."""
+async def play_once(runner: TrialRunner, task_id: str, split: str, *, assemble: bool) -> TrialOutcome:
+    """Issue one trial of a task, play it in a fresh sandbox, verify it, and always close the sandbox."""
+    trial_id = runner.new_trial_id(split)
+    await runner.ports.log(TrialIssued(trial_id=trial_id, task_id=task_id, split=split,
+                                       policy_version_wanted=runner.ports.learner_version()))
+    await runner.ports.open_sandbox(trial_id, task_id)
+    try:
+        rollout = await runner.play(trial_id, task_id)
+        return await runner.finish(trial_id, task_id, rollout, assemble=assemble)
+    finally:
+        with trio.CancelScope(shield=True):
+            await runner.ports.close_sandbox(trial_id)
+
+
+async def play_all(runner: TrialRunner, task_ids: list[str], split: str, *, assemble: bool,
+                   concurrency: int) -> list[TrialOutcome]:
+    """``play_once`` for every task, at most ``concurrency`` at a time."""
     outcomes: list[TrialOutcome] = []
     limiter = trio.CapacityLimiter(concurrency)
-    version_seen: list[int] = []
 
     async def one(task_id: str) -> None:
         async with limiter:
-            trial_id = runner.new_trial_id("eval")
-            await runner.ports.log(TrialIssued(trial_id=trial_id, task_id=task_id, split="eval",
-                                               policy_version_wanted=runner.ports.learner_version()))
-            await runner.ports.open_sandbox(trial_id, task_id)
-            try:
-                rollout = await runner.play(trial_id, task_id)
-                outcomes.append(await runner.finish(trial_id, task_id, rollout, assemble=False))
-                version_seen.extend(t.generation.policy_version for t in rollout.turns)
-            finally:
-                with trio.CancelScope(shield=True):
-                    await runner.ports.close_sandbox(trial_id)
-            if on_progress:
-                on_progress(len(outcomes))
+            outcomes.append(await play_once(runner, task_id, split, assemble=assemble))
 
     async with trio.open_nursery() as nursery:
         for task_id in task_ids:
             nursery.start_soon(one, task_id)
+    return outcomes
+
+
+async def run_eval(runner: TrialRunner, task_ids: list[str], *, label: str, concurrency: int) -> EvalResult:
+    """Every eval task once with the current policy: resolved rate (all tests pass), mean reward, 95 % CI."""
+    outcomes = await play_all(runner, task_ids, "eval", assemble=False, concurrency=concurrency)
+    versions = [t.generation.policy_version for o in outcomes for t in o.rollout.turns]
     scored = [o for o in outcomes if o.result is not None and o.result.infra_error is None]
     resolved = sum(o.resolved for o in scored)
     per_family: dict[str, list[float]] = {}
     for o in scored:
         per_family.setdefault(o.family, []).append(float(o.resolved))
     low, high = wilson_interval(resolved, len(scored))
-    event = EvalResult(label=label, policy_version=max(version_seen, default=runner.ports.learner_version()),
+    event = EvalResult(label=label, policy_version=max(versions, default=runner.ports.learner_version()),
                        n=len(scored), resolved=resolved,
                        mean_reward=float(np.mean([o.result.reward for o in scored])) if scored else 0.0,
                        ci_low=low, ci_high=high,
@@ -147,29 +155,11 @@ async def run_eval(runner: TrialRunner, task_ids: list[str], *, label: str, conc
 
 async def run_warmup(runner: TrialRunner, task_ids: list[str], *, concurrency: int) -> list[str]:
     """Offline trajectories for the critic's warm-up: train tasks played by the SFT policy, logged, not admitted."""
-    trial_ids: list[str] = []
-    limiter = trio.CapacityLimiter(concurrency)
-
-    async def one(task_id: str) -> None:
-        async with limiter:
-            trial_id = runner.new_trial_id("warmup")
-            await runner.ports.log(TrialIssued(trial_id=trial_id, task_id=task_id, split="warmup",
-                                               policy_version_wanted=runner.ports.learner_version()))
-            await runner.ports.open_sandbox(trial_id, task_id)
-            try:
-                rollout = await runner.play(trial_id, task_id)
-                outcome = await runner.finish(trial_id, task_id, rollout, assemble=True)
-            finally:
-                with trio.CancelScope(shield=True):
-                    await runner.ports.close_sandbox(trial_id)
-            if outcome.chunks:
-                await runner.ports.log(*[tito.to_event(c, trial_id=trial_id, task_id=task_id) for c in outcome.chunks])
-                trial_ids.append(trial_id)
-
-    async with trio.open_nursery() as nursery:
-        for task_id in task_ids:
-            nursery.start_soon(one, task_id)
-    return trial_ids
+    outcomes = await play_all(runner, task_ids, "warmup", assemble=True, concurrency=concurrency)
+    logged = [o for o in outcomes if o.chunks]
+    for o in logged:
+        await runner.ports.log(*[tito.to_event(c, trial_id=o.trial_id, task_id=o.task_id) for c in o.chunks])
+    return [o.trial_id for o in logged]
 
 
 @dataclass
