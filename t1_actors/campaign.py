@@ -225,8 +225,11 @@ def _with_policy(config, location: str):
     return parse_config(data, "campaign")
 
 
-def run_campaign(config, *, console=None) -> dict[str, Any]:
-    """Run every phase; returns the summary (also written to RUN/summary.json)."""
+def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
+    """Run every phase; returns the summary (also written to RUN/summary.json).
+
+    ``write_report(run_dir) -> dict`` draws the plots (the CLI passes ``tools.report.write_report``; this
+    module stays below the faces that read logs)."""
     import trio
     from rich.console import Console
 
@@ -270,7 +273,7 @@ def run_campaign(config, *, console=None) -> dict[str, Any]:
     trio.run(_run_actors, run_config, campaign, console)
     timings["actors_s"] = time.monotonic() - rl_start
     timings["total_s"] = time.monotonic() - started
-    return summarise(run_dir, run_config, sft=sft, timings=timings, console=console)
+    return summarise(run_dir, run_config, sft=sft, timings=timings, console=console, write_report=write_report)
 
 
 def _sft_with_progress(run_dir, config, tasks, tokenizer, campaign):
@@ -359,7 +362,7 @@ async def _follow(log, bar, job) -> None:
         await trio.sleep(0.5)
 
 
-def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console) -> dict[str, Any]:
+def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write_report=None) -> dict[str, Any]:
     """Phase 5: summary.json and the plots, both from the log alone."""
     from schemas import EvalResult
     from storage import EventLog
@@ -370,9 +373,7 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console) -> di
     roles = sorted({spec.role for spec in config.actors})
     report: dict[str, Any] = {}
     try:
-        from tools.report import write_report
-
-        report = write_report(run_dir)
+        report = write_report(run_dir) if write_report is not None else {}
     except Exception as exc:  # plots must never cost the run its summary
         console.log(f"[yellow]plots failed: {exc!r}")
     summary = write_summary(run_dir, eval_before=evals.get("before"), eval_after=evals.get("after"), actors=roles,

@@ -114,7 +114,9 @@ def _campaign(args) -> int:
     config = load_campaign_config(args.config, quick=args.quick, run_dir=args.run_dir)
     _check_classes(config, config.actors)
     configure_logging(actor="campaign", role="campaign", run_id=config.run.id)
-    summary = run_campaign(config)
+    from tools.report import write_report
+
+    summary = run_campaign(config, write_report=write_report)
     return 0 if summary.get("eval_after") is not None else 1
 
 
