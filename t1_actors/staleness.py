@@ -18,7 +18,7 @@ import numpy as np
 import trio
 
 from schemas import (
-    Cancel, GenerateRequest, Generic, SandboxClose, SandboxExec, SandboxOpen, VerifierResult,
+    Cancel, ExecRequest, GenerateRequest, Generic, SandboxClose, SandboxExec, SandboxOpen, VerifierResult,
     VerifyRequest, WeightsPublished,
 )
 from storage import EventLog
@@ -42,9 +42,9 @@ class ActorPorts:
     async def open_sandbox(self, trial_id: str, task_id: str) -> None:
         await self.actor.peer("sandbox").call_bulk(SandboxOpen(trial_id=trial_id, task_id=task_id))
 
-    async def execute(self, trial_id: str, turn: int, command: str) -> ToolOutcome:
+    async def execute(self, trial_id: str, turn: int, command: str, timeout_s: float) -> ToolOutcome:
         reply = await self.actor.peer("sandbox").call_bulk(
-            _exec_request(trial_id, turn, command, self.actor.tasks.get_timeout(trial_id)))
+            ExecRequest(trial_id=trial_id, turn=turn, command=command, timeout_s=timeout_s))
         if not isinstance(reply, SandboxExec):
             raise TypeError(f"sandbox answered {type(reply).__name__} to an exec request")
         return ToolOutcome(reply.exit_code, reply.stdout + reply.stderr, reply.infra_error)
@@ -82,22 +82,6 @@ class ActorPorts:
         return self.actor.version
 
 
-def _exec_request(trial_id: str, turn: int, command: str, timeout_s: float):
-    from schemas import ExecRequest
-
-    return ExecRequest(trial_id=trial_id, turn=turn, command=command, timeout_s=timeout_s)
-
-
-class _TaskIndex(dict):
-    """Tasks by id, plus the per-command timeout of the task a trial plays."""
-
-    trial_task: dict[str, str]
-
-    def get_timeout(self, trial_id: str) -> float:
-        task_id = self.trial_task.get(trial_id)
-        return self[task_id].limits.command_timeout_s if task_id in self else 10.0
-
-
 class StalenessActor(Actor):
     role = "staleness"
 
@@ -109,8 +93,7 @@ class StalenessActor(Actor):
         sets = await trio.to_thread.run_sync(build_task_sets, self.config.section("tasks"))
         self.train_ids = [t.id for t in sets.train]
         self.eval_ids = [t.id for t in sets.eval]
-        self.tasks = _TaskIndex(sets.by_id)
-        self.tasks.trial_task = {}
+        self.tasks = sets.by_id
         self.tokenizer = load_tokenizer(tokenizer_path(self.ctx.run_dir))
         self.reader = EventLog.open(self.ctx.run_dir / "log")
         self.version = 0
@@ -154,7 +137,7 @@ class StalenessActor(Actor):
     async def run(self) -> None:
         stop_id = special_token_ids(self.tokenizer)["<|im_end|>"]
         ports = ActorPorts(self, self.campaign, stop_id)
-        runner = _TrackingRunner(ports, self.tasks, self.tokenizer, self.campaign.rollout_limits(),
+        runner = TrialRunner(ports, self.tasks, self.tokenizer, self.campaign.rollout_limits(),
                                  run_tag=f"{self.ctx.run_id}-{self.name}-{int(time.time()) % 100000}")
         done = {e.label for _, e in await self._events("eval_result")}
         async with trio.open_nursery() as nursery:
@@ -188,13 +171,3 @@ class StalenessActor(Actor):
                 await run_eval(runner, self.eval_ids, label="after", concurrency=self.campaign.eval_concurrency)
             nursery.cancel_scope.cancel()
         self.logger.info("campaign_schedule_done", policy_version=self.version)
-
-
-class _TrackingRunner(TrialRunner):
-    """Remembers which task each trial plays (the sandbox call needs its per-command timeout)."""
-
-    async def play(self, trial_id, task_id, **kwargs):
-        self.tasks.trial_task[trial_id] = task_id
-        if kwargs.get("sandbox_id"):
-            self.tasks.trial_task[kwargs["sandbox_id"]] = task_id
-        return await super().play(trial_id, task_id, **kwargs)

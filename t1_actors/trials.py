@@ -27,7 +27,7 @@ class TrialPorts(Protocol):
     """What a trial needs from the other actors. Each call may raise ``trio.Cancelled`` when the tail is cut."""
 
     async def open_sandbox(self, trial_id: str, task_id: str) -> None: ...
-    async def execute(self, trial_id: str, turn: int, command: str) -> ToolOutcome: ...
+    async def execute(self, trial_id: str, turn: int, command: str, timeout_s: float) -> ToolOutcome: ...
     async def close_sandbox(self, trial_id: str) -> None: ...
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray) -> Generation: ...
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
@@ -78,7 +78,7 @@ class TrialRunner:
             return await ports.generate(trial_id, turn, prompt_ids)
 
         async def execute(command: str, turn: int) -> ToolOutcome:
-            return await ports.execute(sandbox_id, turn, command)
+            return await ports.execute(sandbox_id, turn, command, task.limits.command_timeout_s)
 
         limits = RolloutLimits(**{**self.limits.__dict__, "max_turns": min(self.limits.max_turns, task.limits.max_turns)})
         return await run_trial(task.instruction, sample=sample, execute=execute,

@@ -5,7 +5,6 @@ Used by tests of the trial orchestration (t1_actors.trials); the actors wire the
 
 from __future__ import annotations
 
-import numpy as np
 import trio
 
 from t1_actors.backends.local_sandbox import LocalSandboxBackend
@@ -26,8 +25,8 @@ class InProcessPorts:
     async def open_sandbox(self, trial_id, task_id):
         self.sandboxes[trial_id] = await trio.to_thread.run_sync(self.sandbox_backend.open, self.tasks[task_id], trial_id)
 
-    async def execute(self, trial_id, turn, command):
-        result = await trio.to_thread.run_sync(self.sandboxes[trial_id].exec, command, None)
+    async def execute(self, trial_id, turn, command, timeout_s):
+        result = await trio.to_thread.run_sync(self.sandboxes[trial_id].exec, command, timeout_s)
         return ToolOutcome(result.exit_code, result.stdout + result.stderr)
 
     async def close_sandbox(self, trial_id):

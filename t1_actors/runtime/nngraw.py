@@ -15,6 +15,16 @@ from pynng._nng import ffi, lib
 _NONBLOCK = lib.NNG_FLAG_NONBLOCK
 
 
+def close_polled(sock: pynng.Socket, *fds: int) -> None:
+    """Close a socket whose fds trio tasks may be waiting on: wake those tasks first."""
+    for fd in fds:
+        try:
+            trio.lowlevel.notify_closing(fd)  # wake any task still waiting on it
+        except RuntimeError:  # closed outside a trio run: nobody can be waiting
+            pass
+    sock.close()
+
+
 class RawRep:
     def __init__(self, *, max_bytes: int, send_buffer: int = 256):
         self.sock = pynng.Rep0(opener=lib.nng_rep0_open_raw, recv_max_size=max_bytes,
@@ -64,9 +74,4 @@ class RawRep:
             await trio.lowlevel.wait_readable(self.send_fd)
 
     def close(self) -> None:
-        for fd in (self.recv_fd, self.send_fd):
-            try:
-                trio.lowlevel.notify_closing(fd)  # wake any task still waiting on it
-            except RuntimeError:  # closed outside a trio run: nobody can be waiting
-                pass
-        self.sock.close()
+        close_polled(self.sock, self.recv_fd, self.send_fd)

@@ -30,7 +30,7 @@ from schemas.messages import ErrorReply
 
 from .auth import BULK, REPLY, REQUEST, Opener, Sealer
 from .errors import AuthError, DeadlineExceeded
-from .nngraw import RawRep
+from .nngraw import RawRep, close_polled
 from .wire import RawEnvelope, pack_envelope, unpack_envelope
 
 Handler = Callable[[RawEnvelope], Awaitable[Record]]
@@ -138,12 +138,7 @@ class _ReqSocket:
                 await trio.lowlevel.wait_readable(self.recv_fd)
 
     def close(self) -> None:
-        for fd in (self.recv_fd, self.send_fd):
-            try:
-                trio.lowlevel.notify_closing(fd)  # wake any task still waiting on it
-            except RuntimeError:  # closed outside a trio run: nobody can be waiting
-                pass
-        self.sock.close()
+        close_polled(self.sock, self.recv_fd, self.send_fd)
 
 
 class ControlClient:
