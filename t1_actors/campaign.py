@@ -40,6 +40,7 @@ class CampaignConfig(BaseModel):
     sft_lr: float = Field(1e-3, gt=0)
     sft_max_len: int = Field(640, gt=16)
     sft_threads: int = Field(2, gt=0)
+    sft_oracle_workers: int = Field(2, gt=0, description="sandboxes executing oracles at once before SFT")
     warmup_trials: int = Field(64, ge=0)
     rl_seconds: float = Field(660.0, ge=0)
     eval_concurrency: int = Field(32, gt=0)
@@ -49,6 +50,8 @@ class CampaignConfig(BaseModel):
     tool_output_chars: int = Field(240, gt=0)
     actor_ready_timeout_s: float = Field(120.0, gt=0)
     finish_timeout_s: float = Field(600.0, gt=0)  # after rl_seconds: last steps and the final eval
+    warm_start_from: str | None = Field(None, description="a previous run's directory: reuse its tokenizer and "
+                                                          "SFT policy (version 0) instead of phases 2-3")
 
     def rollout_limits(self) -> RolloutLimits:
         return RolloutLimits(max_turns=self.max_turns, max_new_tokens=self.max_new_tokens,
@@ -81,18 +84,17 @@ def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int):
     return tokenizer
 
 
-def warm_start(run_dir: Path, config, tasks, tokenizer, *, progress=None) -> tuple[Any, dict[str, Any]]:
-    """Phase 3: SFT on executed oracle trajectories; returns the policy and a report."""
+def warm_start(run_dir: Path, config, tasks, tokenizer, *, pool_progress=None, progress=None) -> tuple[Any, dict[str, Any]]:
+    """Phase 3: execute the training split's oracles, then SFT on them; returns the policy and a report."""
     from .backends.local_sandbox import LocalSandboxBackend
     from .policy import MoEPolicy
     from .policy.tokenizer import special_token_ids
     from .tasks import oracle_trajectory
-    from .warmstart import OracleProducer, supervised_finetune
+    from .warmstart import execute_oracle_pool, supervised_finetune
 
     campaign: CampaignConfig = config.section("campaign")
     torch.manual_seed(campaign.seed)
     torch.set_num_threads(campaign.sft_threads)
-    policy = MoEPolicy(config.section("model"))
     sandboxes = LocalSandboxBackend(config.section("sandbox").local)
 
     def execute_oracle(task) -> list[str] | None:
@@ -106,19 +108,41 @@ def warm_start(run_dir: Path, config, tasks, tokenizer, *, progress=None) -> tup
         except Exception:  # an infrastructure hiccup costs one example, never the run
             return None
 
-    pad_id = special_token_ids(tokenizer)["<|endoftext|>"]
+    pool_start = time.monotonic()
     try:
-        with OracleProducer(tasks.train, execute_oracle, tokenizer, campaign.tool_output_chars,
-                            campaign.sft_max_len) as producer:
-            report = supervised_finetune(policy, producer, seconds=campaign.sft_seconds,
-                                         batch_size=campaign.sft_batch_size, lr=campaign.sft_lr, pad_id=pad_id,
-                                         seed=campaign.seed, progress=progress)
+        examples, failures = execute_oracle_pool(tasks.train, execute_oracle, tokenizer,
+                                                 tool_output_chars=campaign.tool_output_chars,
+                                                 max_len=campaign.sft_max_len, workers=campaign.sft_oracle_workers,
+                                                 progress=pool_progress)
     finally:
         sandboxes.close()
+    pool_seconds = time.monotonic() - pool_start
+    policy = MoEPolicy(config.section("model"))
+    pad_id = special_token_ids(tokenizer)["<|endoftext|>"]
+    report = supervised_finetune(policy, examples, seconds=campaign.sft_seconds, batch_size=campaign.sft_batch_size,
+                                 lr=campaign.sft_lr, pad_id=pad_id, seed=campaign.seed, progress=progress)
     return policy, {"steps": report.steps, "examples_seen": report.examples_seen,
-                    "distinct_examples": report.distinct_examples, "final_loss": report.final_loss,
-                    "seconds": round(report.seconds, 1), "tokens_per_s": round(report.tokens_per_s, 1),
-                    "oracle_failures": producer.failures, "parameters": policy.num_parameters()}
+                    "distinct_examples": report.distinct_examples, "epochs": round(report.epochs, 2),
+                    "final_loss": report.final_loss, "seconds": round(report.seconds, 1),
+                    "tokens_per_s": round(report.tokens_per_s, 1), "oracle_failures": failures,
+                    "oracle_pool_seconds": round(pool_seconds, 1), "parameters": policy.num_parameters()}
+
+
+def reuse_warm_start(previous: Path, run_dir: Path):
+    """Phases 2-3 taken from a previous run: its tokenizer and its SFT policy (version 0), copied in."""
+    import shutil
+
+    from .policy import MoEPolicy
+    from .policy.tokenizer import load_tokenizer
+
+    source_tokenizer, source_policy = tokenizer_path(previous), weights_dir(previous, 0)
+    missing = [str(p) for p in (source_tokenizer, source_policy) if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"[campaign] warm_start_from = {str(previous)!r}: missing {missing}; point it at "
+                                "the directory of a run that finished its SFT phase")
+    shutil.copyfile(source_tokenizer, tokenizer_path(run_dir))
+    policy = MoEPolicy.load(source_policy)
+    return load_tokenizer(tokenizer_path(run_dir)), policy, {"warm_start_from": str(previous)}
 
 
 def publish_initial_policy(run_dir: Path, policy) -> WeightsPublished:
@@ -144,6 +168,23 @@ def write_summary(run_dir: Path, *, eval_before, eval_after, actors: list[str], 
                "events": counts, **extra}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     return summary
+
+
+def eval_change(log) -> dict[str, Any] | None:
+    """The paired before/after comparison over the eval tasks (None until both evals are in the log).
+
+    Eval trials are issued at the learner's version: the first eval at version 0, the last at the final
+    version (any trial issued after version 0 counts as "after")."""
+    from .eval_stats import eval_outcomes, paired_change
+
+    by_version = eval_outcomes(e for _, e in log.events(kinds=["trial_issued", "verifier_result"]))
+    versions = sorted(by_version)
+    if len(versions) < 2:
+        return None
+    after: dict = {}
+    for version in versions[1:]:
+        after.update(by_version[version])
+    return paired_change(by_version[versions[0]], after).as_dict()
 
 
 def stamp() -> str:
@@ -249,17 +290,26 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
     with console.status("[bold]1/5 task corpus[/]"):
         tasks = build_task_sets(config.section("tasks"))
     console.log(f"corpus: {len(tasks.train)} train / {len(tasks.eval)} eval tasks")
-    with console.status("[bold]2/5 tokenizer[/]"):
-        tokenizer = train_run_tokenizer(run_dir, tasks.train, campaign.tokenizer_vocab)
-    console.log(f"tokenizer: {tokenizer.get_vocab_size()} ids -> {tokenizer_path(run_dir)}")
-    config = _with_vocab(config, tokenizer.get_vocab_size())
-    timings["prepare_s"] = time.monotonic() - started
-
-    sft_start = time.monotonic()
-    policy, sft = _sft_with_progress(run_dir, config, tasks, tokenizer, campaign)
-    timings["sft_s"] = time.monotonic() - sft_start
-    console.log(f"SFT: {sft['steps']} steps on {sft['distinct_examples']} executed oracle chats, "
-                f"loss {sft['final_loss']:.3f}, {sft['tokens_per_s']:.0f} tok/s")
+    if campaign.warm_start_from is not None:
+        tokenizer, policy, sft = reuse_warm_start(Path(campaign.warm_start_from), run_dir)
+        config = _with_vocab(config, tokenizer.get_vocab_size())
+        if policy.config != config.section("model"):
+            raise ValueError(f"[campaign] warm_start_from: the policy in {campaign.warm_start_from} has model "
+                             f"{policy.config.model_dump()}, the config asks for {config.section('model').model_dump()}; "
+                             "make [model] match it")
+        console.log(f"warm start reused from {campaign.warm_start_from} (tokenizer and SFT policy version 0)")
+    else:
+        with console.status("[bold]2/5 tokenizer[/]"):
+            tokenizer = train_run_tokenizer(run_dir, tasks.train, campaign.tokenizer_vocab)
+        console.log(f"tokenizer: {tokenizer.get_vocab_size()} ids -> {tokenizer_path(run_dir)}")
+        config = _with_vocab(config, tokenizer.get_vocab_size())
+        timings["prepare_s"] = time.monotonic() - started
+        sft_start = time.monotonic()
+        policy, sft = _sft_with_progress(run_dir, config, tasks, tokenizer, campaign)
+        timings["sft_s"] = time.monotonic() - sft_start
+        console.log(f"oracle pool: {sft['distinct_examples']} executed oracle chats in {sft['oracle_pool_seconds']:.0f} s; "
+                    f"SFT: {sft['steps']} steps ({sft['epochs']:.1f} epochs), loss {sft['final_loss']:.3f}, "
+                    f"{sft['tokens_per_s']:.0f} tok/s")
     published = publish_initial_policy(run_dir, policy)
     log = EventLog.open(log_path(run_dir), create=True)
     model = config.section("model")
@@ -277,18 +327,25 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
 
 
 def _sft_with_progress(run_dir, config, tasks, tokenizer, campaign):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    with Progress(TextColumn("[bold]3/5 SFT warm start"), BarColumn(), TextColumn("{task.fields[info]}"),
-                  TimeRemainingColumn(), transient=False) as bar:
-        job = bar.add_task("sft", total=campaign.sft_seconds, info="")
-        start = time.monotonic()
+    with Progress(TextColumn("[bold]3/5 {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False) as bar:
+        pool = bar.add_task("oracle pool (executed oracle chats)", total=len(tasks.train), info="")
+        sft = bar.add_task("SFT warm start (seconds)", total=int(campaign.sft_seconds), info="", start=False)
+        start = [0.0]
+
+        def pool_progress(done: int, total: int) -> None:
+            bar.update(pool, completed=done)
 
         def progress(step: int, loss: float) -> None:
-            bar.update(job, completed=min(time.monotonic() - start, campaign.sft_seconds),
+            if not start[0]:
+                start[0] = time.monotonic()
+                bar.start_task(sft)
+            bar.update(sft, completed=min(int(time.monotonic() - start[0]), int(campaign.sft_seconds)),
                        info=f"step {step} loss {loss:.3f}")
 
-        return warm_start(run_dir, config, tasks, tokenizer, progress=progress)
+        return warm_start(run_dir, config, tasks, tokenizer, pool_progress=pool_progress, progress=progress)
 
 
 async def _run_actors(config, campaign: CampaignConfig, console) -> None:
@@ -378,10 +435,15 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
         console.log(f"[yellow]plots failed: {exc!r}")
     summary = write_summary(run_dir, eval_before=evals.get("before"), eval_after=evals.get("after"), actors=roles,
                             counts=counts, extra={"sft": sft, "timings_s": {k: round(v, 1) for k, v in timings.items()},
-                                                  "report": report})
-    before, after = summary["eval_before"], summary["eval_after"]
+                                                  "report": report, "eval_change": eval_change(log)})
+    before, after, change = summary["eval_before"], summary["eval_after"], summary["eval_change"]
     if before and after:
         console.log(f"[bold]eval resolved: {before['resolved_rate']:.1%} -> {after['resolved_rate']:.1%} "
                     f"(n={after['n']}); mean reward {before['mean_reward']:.3f} -> {after['mean_reward']:.3f}")
+    if change:
+        low, high = change["reward_delta_ci95"]
+        console.log(f"paired over {change['tasks']} eval tasks: {change['gained']} newly resolved, {change['lost']} "
+                    f"lost (exact McNemar p = {change['mcnemar_p']:.3g}); reward change {change['reward_delta']:+.3f} "
+                    f"(95 % CI {low:+.3f} .. {high:+.3f})")
     console.log(f"summary: {run_dir / 'summary.json'}")
     return summary

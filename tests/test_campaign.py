@@ -139,6 +139,9 @@ def test_campaign_runs_all_six_actors_and_logs_every_event_type(plain_run):
                    if isinstance(cls, type) and issubclass(cls, event_module.Event) and cls.kind}
     assert event_kinds - set(counts) - {"sandbox_exec"} == set(), f"never logged: {sorted(event_kinds - set(counts))}"
     assert counts["learner_step"] >= 1 and counts["weights_published"] >= 2
+    change = summary["eval_change"]  # paired over the same 12 eval tasks, before and after RL
+    assert change["tasks"] == 12 and change["resolved_before"] == summary["eval_before"]["resolved"]
+    assert change["resolved_after"] == summary["eval_after"]["resolved"] and 0 < change["mcnemar_p"] <= 1
     _every_sampled_command_of_an_eval_trial_was_executed(EventLog.open(run_dir / "log"), run_dir)
 
 
@@ -186,7 +189,8 @@ def test_campaign_leaves_no_process_sandbox_or_mount_behind(plain_run):
 
 
 @pytest.fixture(scope="module")
-def hostile_run(tmp_path_factory):
+def hostile_run(tmp_path_factory, plain_run):
+    """Warm-started from the plain run's tokenizer and SFT policy ([campaign] warm_start_from)."""
     tmp = tmp_path_factory.mktemp("hostile")
     run_dir = tmp / "run"
     data = tomllib.loads(TINY.read_text())
@@ -195,7 +199,7 @@ def hostile_run(tmp_path_factory):
         if spec["role"] == "sampler":
             spec["actor_class"] = "slow_sampler:SlowSampler"
     config = _micro_config(tmp, actors=actors, staleness={"batch_size": 4, "max_staleness": 0, "oversample": 1.0},
-                           campaign={"rl_seconds": 75})
+                           campaign={"rl_seconds": 75, "warm_start_from": str(plain_run[2])})
     env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     process = _launch(config, run_dir, env)
     killed = None
@@ -248,3 +252,16 @@ def test_learner_killed_mid_campaign_is_restarted_and_nothing_is_lost_or_duplica
     versions = [e.version for _, e in log.events(kinds=["weights_published"]) if isinstance(e, WeightsPublished)]
     assert sorted(versions) == list(range(len(versions))), versions
     assert json.loads((run_dir / "summary.json").read_text())["eval_after"] is not None
+
+
+def test_a_campaign_warm_started_from_another_reuses_its_tokenizer_and_sft_policy(plain_run, hostile_run):
+    code, output, run_dir, _ = hostile_run
+    assert code == 0, output[-4000:]
+    source = plain_run[2]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["sft"] == {"warm_start_from": str(source)}
+    assert (run_dir / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+    [published] = [e for _, e in EventLog.open(run_dir / "log").events(kinds=["weights_published"])
+                   if e.version == 0]
+    [original] = [e for _, e in EventLog.open(source / "log").events(kinds=["weights_published"]) if e.version == 0]
+    assert published.sha256 == original.sha256, "version 0 must be the source run's SFT policy, bit for bit"

@@ -9,8 +9,11 @@ from t1_actors.policy import ModelConfig, MoEPolicy
 from t1_actors.policy.chat_template import render_chat
 from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
 from t1_actors.tasks import generate, oracle_trajectory
+from hypothesis import given, settings, strategies as st
+
 from t1_actors.warmstart import (
-    DONE_TEXT, OracleProducer, chat_corpus, oracle_messages, sft_example, supervised_finetune,
+    DONE_TEXT, chat_corpus, execute_oracle_pool, length_bucketed_batches, oracle_messages, sft_example,
+    supervised_finetune,
 )
 
 
@@ -45,8 +48,38 @@ def test_a_short_fit_lowers_the_loss_and_reports_what_it_saw():
     def execute(task):  # the outputs are incidental here; the sandbox path is tested by the campaign
         return ["" for _ in oracle_trajectory(task)]
 
+    def flaky(task):  # one infrastructure failure costs one example, never the pool
+        return None if task is tasks[5] else execute(task)
+
     pad = special_token_ids(tokenizer)["<|endoftext|>"]
-    with OracleProducer(tasks, execute, tokenizer, 240, 512) as producer:
-        report = supervised_finetune(model, producer, seconds=8, batch_size=8, lr=3e-3, pad_id=pad, min_examples=24)
-    assert report.steps >= 3 and report.distinct_examples == 24
+    seen = []
+    examples, failures = execute_oracle_pool(tasks, flaky, tokenizer, tool_output_chars=240, max_len=512,
+                                             workers=2, progress=lambda done, total: seen.append((done, total)))
+    assert failures == 1 and len(examples) == 23 and seen[-1] == (24, 24)
+    report = supervised_finetune(model, examples, seconds=8, batch_size=8, lr=3e-3, pad_id=pad)
+    assert report.steps >= 3 and report.distinct_examples == 23
+    assert report.epochs == report.examples_seen / 23
     assert np.mean(report.losses[-2:]) < report.losses[0] - 0.5
+
+
+def test_an_empty_pool_is_a_clear_error():
+    model = MoEPolicy(ModelConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1,
+                                  head_dim=16, num_experts=2, top_k=1, moe_intermediate_size=16))
+    try:
+        supervised_finetune(model, [], seconds=1, batch_size=2, lr=1e-3, pad_id=0)
+    except RuntimeError as exc:
+        assert "no oracle example" in str(exc)
+    else:
+        raise AssertionError("an empty pool must not train")
+
+
+@settings(max_examples=50, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=300), batch=st.integers(1, 17),
+       seed=st.integers(0, 2**16))
+def test_an_epoch_yields_every_example_once_in_batches_of_similar_length(lengths, batch, seed):
+    import random
+
+    examples = [(np.zeros(n, np.int64), np.ones(n, np.float32)) for n in lengths]
+    batches = list(length_bucketed_batches(examples, batch, random.Random(seed), bucket_batches=4))
+    assert all(1 <= len(b) <= batch for b in batches)
+    assert sorted(id(e) for b in batches for e in b) == sorted(id(e) for e in examples)
