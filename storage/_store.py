@@ -1,13 +1,16 @@
 """A thin synchronous face over any zarr v3 store: raw keys for commit records, one-writer locks.
 
 Stores must replace a key atomically (a reader sees the old or the new value, never a torn one):
-LocalStore (temp file + rename), MemoryStore and object stores (S3, GCS, ...) do.
+LocalStore (temp file + rename), MemoryStore and object stores (S3, GCS, ...) do. A directory
+opens as a ``PackedStore`` (a LocalStore that packs the log's uncompressed arrays into one file
+each; chunks are never rewritten once committed, so in-place chunk writes are safe for the log).
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import os
 import re
 import threading
@@ -19,6 +22,7 @@ from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
+from ._packed import PackedStore
 from .errors import WriterBusy
 
 WRITER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -26,13 +30,15 @@ WRITER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 def open_store(location: Any) -> Store:
     """A zarr store for a directory path, an fsspec URL (``s3://...``, ``memory://...``) or a store."""
+    if type(location) is zarr.storage.LocalStore:  # the same directory, its log arrays packed
+        return PackedStore(location.root, read_only=location.read_only)
     if isinstance(location, Store):
         return location
     if isinstance(location, (str, os.PathLike)):
         text = os.fspath(location)
         if "://" in text and not text.startswith("file://"):
             return zarr.storage.FsspecStore.from_url(text)
-        return zarr.storage.LocalStore(text.removeprefix("file://"))
+        return PackedStore(text.removeprefix("file://"))
     raise TypeError(f"cannot open an event log on {type(location).__name__}; "
                     "pass a directory path, an fsspec URL or a zarr Store")
 
@@ -42,12 +48,29 @@ def describe(store: Store) -> str:
 
 
 def get(store: Store, key: str) -> bytes | None:
-    buf = sync(store.get(key, default_buffer_prototype()))
+    if isinstance(store, zarr.storage.LocalStore):  # no hop through zarr's event loop thread
+        buf = store.get_sync(key, prototype=default_buffer_prototype())
+    else:
+        buf = sync(store.get(key, default_buffer_prototype()))
     return None if buf is None else buf.to_bytes()
+
+
+def get_json(store: Store, key: str) -> dict | None:
+    """A JSON document (zarr metadata) at ``key``, or None if there is none."""
+    data = get(store, key)
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise ValueError(f"{describe(store)}/{key} is not valid JSON ({exc})") from None
 
 
 def get_many(store: Store, keys: list[str]) -> list[bytes | None]:
     """Fetch several keys concurrently (one round trip's latency on object stores)."""
+    if isinstance(store, zarr.storage.LocalStore):
+        return [get(store, key) for key in keys]
+
     async def fetch_all():
         bufs = await asyncio.gather(*(store.get(k, default_buffer_prototype()) for k in keys))
         return [None if b is None else b.to_bytes() for b in bufs]
@@ -55,7 +78,11 @@ def get_many(store: Store, keys: list[str]) -> list[bytes | None]:
 
 
 def put(store: Store, key: str, data: bytes) -> None:
-    sync(store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+    value = default_buffer_prototype().buffer.from_bytes(data)
+    if isinstance(store, zarr.storage.LocalStore):
+        store.set_sync(key, value)
+    else:
+        sync(store.set(key, value))
 
 
 def write_chunks(writes: list[tuple[zarr.Array, int, Any]]) -> None:
@@ -72,6 +99,12 @@ def write_chunks(writes: list[tuple[zarr.Array, int, Any]]) -> None:
 
 
 def list_dir(store: Store, prefix: str) -> list[str]:
+    if isinstance(store, zarr.storage.LocalStore):  # no hop through zarr's event loop thread
+        try:
+            return os.listdir(Path(store.root) / prefix)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
     async def collect():
         return [name async for name in store.list_dir(prefix)]
     return sync(collect())
