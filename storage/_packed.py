@@ -304,21 +304,37 @@ def pread_into(fd: int, out: np.ndarray, offset: int) -> int:
 
 
 _FALLOC_FL_KEEP_SIZE = 1
-_fallocate = None  # libc fallocate(2), looked up on first use; False where there is none
+_EXT4_MAGIC = 0xEF53
+_libc = None  # looked up on first use; False where there is none
+
+
+def _lib():
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            _libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        except (OSError, AttributeError):
+            _libc = False
+    return _libc
+
+
+def reserve_pays(fd: int) -> bool:
+    """Whether reserving blocks before a write speeds it up on the file system holding ``fd``: on
+    ext4 (measured: writes ~1.35x faster, the block allocation done in one call instead of page by
+    page); not on tmpfs, where a reservation allocates and zeroes memory the write then overwrites."""
+    lib = _lib()
+    if not lib or not sys.platform.startswith("linux"):
+        return False
+    buf = ctypes.create_string_buffer(256)  # struct statfs; f_type is its first word
+    if lib.fstatfs(fd, buf) != 0:
+        return False
+    return int.from_bytes(buf.raw[:ctypes.sizeof(ctypes.c_long)], sys.byteorder) == _EXT4_MAGIC
 
 
 def reserve(fd: int, offset: int, length: int) -> bool:
-    """Allocate disk blocks for ``[offset, offset + length)`` without changing the file size
-    (``fallocate(FALLOC_FL_KEEP_SIZE)``). Writes into reserved blocks skip the file system's
-    per-write block allocation: on ext4 they ran ~1.4x faster than appends to a bare file. Returns
-    False where the platform or file system cannot do it (then writes simply allocate as they go)."""
-    global _fallocate
-    if _fallocate is None:
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            _fallocate = libc.fallocate
-            _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-            _fallocate.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            _fallocate = False
-    return bool(_fallocate) and _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0
+    """Allocate the disk blocks of ``[offset, offset + length)`` without changing the file size
+    (``fallocate(FALLOC_FL_KEEP_SIZE)``); False if that failed (the write then allocates as usual)."""
+    lib = _lib()
+    return bool(lib) and lib.fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0

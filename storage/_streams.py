@@ -10,7 +10,7 @@ import numpy as np
 import zarr
 
 from ._format import crc32c
-from ._packed import PackLayout, pwrite_all, reserve
+from ._packed import PackLayout, pwrite_all, reserve, reserve_pays
 
 
 class ChunkStream:
@@ -96,9 +96,9 @@ class PackedStream:
     their final place (nothing is held, copied or padded). Rows past the last commit are invisible
     to readers and are overwritten when a reopened writer continues from that commit."""
 
-    def __init__(self, layout: PackLayout, end: int, tail_crc: int, checksum: bool, reserve_bytes: int):
+    def __init__(self, layout: PackLayout, end: int, tail_crc: int, checksum: bool, reserve_min_bytes: int):
         """``tail_crc``: crc of the committed rows of the partly filled last chunk (checksummed arrays);
-        ``reserve_bytes``: disk space reserved ahead of the writes at a time (0: none)."""
+        writes of ``reserve_min_bytes`` or more reserve their blocks first where that pays (0: never)."""
         self.layout = layout
         self.chunk_rows = layout.chunk_rows
         self.row_bytes = layout.chunk_bytes // layout.chunk_rows
@@ -108,7 +108,6 @@ class PackedStream:
         self._last_crc = tail_crc  # crc of the rows of the last chunk written to (rows always come in order)
         self.touched = False
         self._committed = end
-        self._reserve_step = reserve_bytes
         layout.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(layout.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:  # drop an uncommitted tail a dead writer left (only then: on ext4 a truncation to
@@ -118,7 +117,7 @@ class PackedStream:
         except BaseException:
             os.close(self._fd)
             raise
-        self._reserved = end * self.row_bytes  # bytes of the file with blocks reserved
+        self._reserve_min = reserve_min_bytes if reserve_min_bytes and reserve_pays(self._fd) else 0
 
     def add(self, rows: np.ndarray) -> int:
         if rows.dtype != self.layout.dtype or rows.shape[1:] != self.layout.inner:
@@ -126,15 +125,9 @@ class PackedStream:
                              f"which holds {self.layout.dtype}{list(self.layout.inner)}")
         rows = np.ascontiguousarray(rows)
         offset = self.end
-        stop = (offset + len(rows)) * self.row_bytes
-        # reserve only for large writes (routing records): small arrays gain nothing from it, and
-        # releasing what is left at close costs a few ms of file-system work per array
-        if stop > self._reserved and self._reserve_step and rows.nbytes * 16 >= self._reserve_step:
-            length = max(self._reserve_step, stop - self._reserved)
-            if reserve(self._fd, self._reserved, length):
-                self._reserved += length
-            else:
-                self._reserve_step = 0  # not supported here: let writes allocate
+        if self._reserve_min and rows.nbytes >= self._reserve_min:  # large writes: routing records
+            if not reserve(self._fd, offset * self.row_bytes, rows.nbytes):
+                self._reserve_min = 0  # not possible here after all: let writes allocate
         pwrite_all(self._fd, rows, offset * self.row_bytes)
         if self.checksum:
             lo = 0
@@ -163,12 +156,12 @@ class PackedStream:
         self._committed = self.end
 
     def close(self) -> None:
-        """Release the file: drop rows never committed and the blocks reserved past the data."""
+        """Release the file, dropping rows never committed (what a reopened writer would do)."""
         if self._fd is not None:
             try:
                 size = self._committed * self.row_bytes
-                if self._reserved > size or os.fstat(self._fd).st_size != size:
-                    os.ftruncate(self._fd, size)  # to the same size too: frees blocks reserved past it
+                if os.fstat(self._fd).st_size != size:
+                    os.ftruncate(self._fd, size)
             finally:
                 os.close(self._fd)
                 self._fd = None

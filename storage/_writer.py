@@ -103,7 +103,7 @@ class SegmentWriter:
         layout = self._store.pack_file(array.path) if isinstance(self._store, PackedStore) else None
         if layout is not None:
             return PackedStream(layout, end, crc32c(tail) if checksum and len(tail) else 0, checksum,
-                                self._config.reserve_bytes)
+                                self._config.reserve_min_bytes)
         return ChunkStream(array, end, np.array(tail, copy=True), checksum)
 
     def _stream(self, name: str, dtype: np.dtype, inner: tuple[int, ...]) -> ChunkStream | PackedStream:

@@ -12,7 +12,7 @@ import zarr
 
 from schemas import SamplerTurn
 from storage import EventLog, LogError, StorageConfig
-from storage._packed import PACKED_ATTR, PackedStore
+from storage._packed import PACKED_ATTR, PackedStore, reserve, reserve_pays
 from storage_helpers import EXPERTS, K, LAYERS, TINY_CHUNKS, sampler_turn
 
 ROUTING = dict(routing_shape=(LAYERS, K), num_experts=EXPERTS)
@@ -81,24 +81,40 @@ def long_turn(seq: int, tokens: int = 1200) -> SamplerTurn:
         policy_version=0, finish_reason="stop", temperature=1.0, top_p=1.0, sampler_id="w")
 
 
-def test_disk_reserved_ahead_is_released_on_close(tmp_path):
+def test_an_abandoned_tail_is_dropped_with_its_reserved_blocks(tmp_path):
     location = tmp_path / "log"
-    reserve = 1 << 17  # writes of 8 KiB or more reserve 128 KiB at a time
-    log = EventLog.open(location, create=True, config=TINY_CHUNKS.model_copy(update={"reserve_bytes": reserve}))
-    turns = [long_turn(seq) for seq in range(3)]  # 9600 B of routing each
+    log = EventLog.open(location, create=True, config=TINY_CHUNKS.model_copy(update={"reserve_min_bytes": 4096}))
+    turns = [long_turn(seq) for seq in range(4)]  # 9600 B of routing each: reserved before written
     pack = location / "segments" / "w" / "routing" / "c" / "packed"
-    size = sum(t.routing.nbytes for t in turns)
-    with log.writer("w", **ROUTING) as writer:
-        for turn in turns:
-            writer.append(turn)
-        if pack.stat().st_blocks * 512 < reserve:
-            pytest.skip("this file system does not reserve blocks (fallocate)")
-        assert pack.stat().st_size == size  # reserved, yet the file holds only the data
-    assert pack.stat().st_size == size
-    assert pack.stat().st_blocks * 512 <= size + 4096  # the reservation past the data is gone
-    with log.writer("w", **ROUTING) as writer:  # and a reopened writer continues after it
-        writer.append(long_turn(3))
-    assert [e for _, e in log.events()] == turns + [long_turn(3)]
+    writer = log.writer("w", **ROUTING)
+    for turn in turns[:2]:
+        writer.append(turn)
+    writer.commit()
+    writer.append(turns[2])
+    assert pack.stat().st_size == 3 * 9600  # written at once, not yet visible
+    writer.abandon()
+    assert pack.stat().st_size == 2 * 9600 and pack.stat().st_blocks * 512 <= 2 * 9600 + 4096
+    assert [e for _, e in log.events()] == turns[:2]
+    with log.writer("w", **ROUTING) as writer:  # a reopened writer continues after the last commit
+        writer.append(turns[3])
+    assert [e for _, e in log.events()] == [turns[0], turns[1], turns[3]]
+
+
+def test_blocks_are_reserved_on_ext4_only(tmp_path):
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        on_ext4 = reserve_pays(fd)
+        if not on_ext4:
+            pytest.skip("the temporary directory is not on ext4")
+        assert reserve(fd, 0, 1 << 20) and os.fstat(fd).st_size == 0 and os.fstat(fd).st_blocks * 512 >= 1 << 20
+    finally:
+        os.close(fd)
+    if Path("/dev/shm").is_dir():  # tmpfs: a reservation would allocate and zero memory for nothing
+        shm = os.open("/dev/shm", os.O_RDONLY)
+        try:
+            assert not reserve_pays(shm)
+        finally:
+            os.close(shm)
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])
