@@ -18,7 +18,8 @@ from schemas import Record, SchemaError, unpack
 from schemas.codec import from_wire
 
 from . import _store
-from ._format import COMMIT_BATCH, HEADERS, ROUTING, Commit, commit_key, crc32c, segment_dir
+from ._commits import commit_channel
+from ._format import HEADERS, ROUTING, Commit, crc32c, segment_dir
 from ._packed import PackedStore
 from ._rows import PackedRows, ZarrRows
 from .config import StorageConfig
@@ -46,6 +47,7 @@ class SegmentReader:
         self._header_ends: list[int] = []
         self.meta: list[EventMeta] = []
         self._sources: dict[str, ZarrRows | PackedRows] = {}
+        self.commits = commit_channel(store, writer_id)  # where the commit records are
         self._cache: OrderedDict[int, tuple[np.ndarray, int]] = OrderedDict()  # header chunk -> (rows from it, first row)
 
     @property
@@ -61,17 +63,8 @@ class SegmentReader:
     def refresh(self) -> int:
         """Read commit records written since the last call; returns how many events became visible."""
         before = self.event_count
-        batch = 1  # an idle segment costs one lookup per refresh; a busy one is fetched in batches
-        while True:
-            keys = [commit_key(self.writer_id, self.commit_count + i) for i in range(batch)]
-            blobs = _store.get_many(self._store, keys)
-            for blob in blobs:
-                if blob is None:
-                    break
-                self._apply(self._decode_commit(blob))
-            if any(blob is None for blob in blobs):
-                break
-            batch = COMMIT_BATCH
+        for blob in self.commits.read_new():
+            self._apply(self._decode_commit(blob))
         self._index_new_events()
         return self.event_count - before
 

@@ -214,13 +214,13 @@ class Fsync:
         dirs = set()
         for key in keys:
             path = self.root / key
-            _fsync_path(path, os.O_RDONLY)
+            fsync_path(path, os.O_RDONLY)
             dirs.add(path.parent)
         for directory in dirs:
-            _fsync_path(directory, os.O_RDONLY | os.O_DIRECTORY)
+            fsync_path(directory, os.O_RDONLY | os.O_DIRECTORY)
 
 
-def _fsync_path(path: Path, flags: int) -> None:
+def fsync_path(path, flags: int) -> None:
     fd = os.open(path, flags)
     try:
         os.fsync(fd)

@@ -11,6 +11,7 @@ import zarr
 
 from ._format import crc32c
 from ._packed import PackLayout, pwrite_all, reserve, reserve_pays
+from ._store import fsync_path
 
 
 class ChunkStream:
@@ -108,6 +109,7 @@ class PackedStream:
         self._last_crc = tail_crc  # crc of the rows of the last chunk written to (rows always come in order)
         self.touched = False
         self._committed = end
+        self._dir_synced = False
         layout.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(layout.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:  # drop an uncommitted tail a dead writer left (only then: on ext4 a truncation to
@@ -149,6 +151,9 @@ class PackedStream:
 
     def fsync(self) -> None:
         os.fsync(self._fd)
+        if not self._dir_synced:  # the pack file's directory entry, once
+            fsync_path(self.layout.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            self._dir_synced = True
 
     def mark_committed(self) -> None:
         self.crcs.clear()

@@ -14,8 +14,7 @@ from schemas import SchemaError, known_kinds, lookup, pack
 from schemas.events import Event
 
 from . import _store
-from ._format import (HEADERS, ROUTING, Commit, RoutingShape, commit_key, crc32c, create_array, pieces, segment_dir,
-                      stream_name)
+from ._format import HEADERS, ROUTING, Commit, RoutingShape, crc32c, create_array, pieces, segment_dir, stream_name
 from ._packed import PackedStore
 from ._reader import SegmentReader
 from ._streams import ChunkStream, PackedStream
@@ -71,6 +70,7 @@ class SegmentWriter:
         reader.refresh()
         self._next_event = reader.event_count
         self._next_commit = reader.commit_count
+        self._commits = reader.commits  # carries on where the reader stopped
         self._last_time = reader.last_time
         self._streams: dict[str, ChunkStream | PackedStream] = {}
         for name, end in reader.ends.items():
@@ -212,9 +212,10 @@ class SegmentWriter:
                     ends={name: s.end for name, s in self._streams.items() if s.touched},
                     checksums={name: sorted(s.crcs.items()) for name, s in self._streams.items() if s.crcs},
                     time=time.time())
-                key = commit_key(self.writer_id, record.seq)
-                _store.put(self._store, key, record.encode())
-                self._fsync.files([key])
+                keys = self._commits.append(record.encode())
+                if self._config.fsync:
+                    self._commits.fsync()
+                    self._fsync.files(keys)
             except BaseException as exc:
                 self._broken = f"{type(exc).__name__}: {exc}"
                 raise
@@ -249,6 +250,8 @@ class SegmentWriter:
             if self._holder is not None:
                 for stream in getattr(self, "_streams", {}).values():
                     stream.close()
+                if hasattr(self, "_commits"):
+                    self._commits.close()
                 self._holder.release()
                 self._holder = None
 

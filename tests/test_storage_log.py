@@ -250,10 +250,29 @@ def test_damaged_compressed_chunk_and_commit_record_are_named(tmp_path):
     sorted(_chunk_files(location, "headers"))[0].unlink()  # a lost chunk reads back as fill value: caught too
     with pytest.raises(CorruptionError, match=r"segment 'w', array 'headers', chunk 0: checksum mismatch"):
         EventLog.open(location).counts()
-    record = location / "segments" / "w" / "commits" / "000000000002"
-    record.write_bytes(record.read_bytes()[:-3] + b"\x00\x00\x00")
+    commits = location / "segments" / "w" / "commits.log"  # one frame per commit: [length][crc32c][record]
+    data = bytearray(commits.read_bytes())
+    start = 0
+    for _ in range(2):
+        start += 8 + int.from_bytes(data[start:start + 4], "little")
+    data[start + 12] ^= 0xFF  # inside commit record 2
+    commits.write_bytes(bytes(data))
     with pytest.raises(CorruptionError, match=r"segment 'w', array 'commits'.*commit record 2"):
         EventLog.open(location).counts()
+
+
+def test_damaged_commit_record_key_is_named():
+    store = zarr.storage.MemoryStore()  # stores without a directory keep a key per commit record
+    log = EventLog.open(store, create=True, config=TINY_CHUNKS)
+    with log.writer("w", **ROUTING) as writer:
+        for seq in range(3):
+            writer.append(sampler_turn(seq))
+            writer.commit()
+    key = "segments/w/commits/000000000001"
+    record = zarr.core.sync.sync(store.get(key, zarr.core.buffer.default_buffer_prototype())).to_bytes()
+    zarr.core.sync.sync(store.set(key, zarr.core.buffer.cpu.Buffer.from_bytes(record[:-3] + b"\x00\x00\x00")))
+    with pytest.raises(CorruptionError, match=r"segment 'w', array 'commits'.*commit record 1"):
+        EventLog.open(store, config=TINY_CHUNKS).counts()
 
 
 def test_trio_wrappers_do_not_block_and_tail(tmp_path):
