@@ -81,7 +81,7 @@ class FileCommits:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT if write else os.O_RDONLY, 0o644)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None  # no commit yet
         self.close()
         self._fd, self._writable = fd, write

@@ -133,8 +133,9 @@ class Commit:
 
 
 def stream_name(dtype: np.dtype) -> str:
+    """The array that holds 1-D payloads of this dtype."""
     from schemas.base import dtype_name
-    return dtype_name(np.dtype(dtype))
+    return dtype_name(dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))
 
 
 def rows_per_chunk(chunk_bytes: int, row_bytes: int) -> int:

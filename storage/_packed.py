@@ -284,11 +284,15 @@ def _slice(data: bytes, byte_range: ByteRequest | None) -> bytes:
 
 
 def pwrite_all(fd: int, data, offset: int) -> None:
-    """``os.pwrite`` until every byte is written (a regular file may take fewer bytes per call)."""
-    view = memoryview(data).cast("B")
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
+    """``os.pwrite`` until every byte is written (a regular file may take fewer bytes per call).
+    ``data``: bytes or a C-contiguous array."""
+    written = os.pwrite(fd, data, offset)
+    if written < (data.nbytes if isinstance(data, np.ndarray) else len(data)):  # rare: go on byte-wise
+        view = memoryview(data).cast("B")[written:]
+        offset += written
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
 
 
 def pread_into(fd: int, out: np.ndarray, offset: int) -> int:

@@ -135,9 +135,11 @@ def write_chunks(writes: list[tuple[zarr.Array, int, Any]]) -> None:
 
 
 def list_dir(store: Store, prefix: str) -> list[str]:
+    """Names under ``prefix`` (on a directory: its subdirectories)."""
     if isinstance(store, zarr.storage.LocalStore):  # no hop through zarr's event loop thread
-        try:
-            return os.listdir(Path(store.root) / prefix)
+        try:  # directories only: a file here is metadata or a temp file being renamed into place
+            with os.scandir(Path(store.root) / prefix) as entries:
+                return [entry.name for entry in entries if entry.is_dir()]
         except (FileNotFoundError, NotADirectoryError):
             return []
 

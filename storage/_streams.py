@@ -122,10 +122,7 @@ class PackedStream:
         self._reserve_min = reserve_min_bytes if reserve_min_bytes and reserve_pays(self._fd) else 0
 
     def add(self, rows: np.ndarray) -> int:
-        if rows.dtype != self.layout.dtype or rows.shape[1:] != self.layout.inner:
-            raise ValueError(f"rows of {rows.dtype}{list(rows.shape[1:])} for {self.layout.path.parent.parent.name}, "
-                             f"which holds {self.layout.dtype}{list(self.layout.inner)}")
-        rows = np.ascontiguousarray(rows)
+        """Write C-contiguous rows of the array's dtype and row shape (the writer checked them)."""
         offset = self.end
         if self._reserve_min and rows.nbytes >= self._reserve_min:  # large writes: routing records
             if not reserve(self._fd, offset * self.row_bytes, rows.nbytes):

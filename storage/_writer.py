@@ -75,6 +75,7 @@ class SegmentWriter:
         self._streams: dict[str, ChunkStream | PackedStream] = {}
         for name, end in reader.ends.items():
             self._streams[name] = self._open_stream(name, group[name], end, reader)
+        self._chunked = any(isinstance(s, ChunkStream) for s in self._streams.values())  # chunks to write
         for name, (dtype, inner) in self._expected_arrays().items():  # made now, not by the first append
             self._stream(name, dtype, inner)
         self._pending_headers: list[int] = []  # header-array end offset of each uncommitted event
@@ -113,6 +114,7 @@ class SegmentWriter:
             if array is None:
                 array = create_array(self._group, name, dtype, inner, self._config)
             stream = self._streams[name] = self._open_stream(name, array, 0, None)
+            self._chunked = self._chunked or isinstance(stream, ChunkStream)
         return stream
 
     # -- appending -----------------------------------------------------------------------------
@@ -122,25 +124,36 @@ class SegmentWriter:
         with self._lock:
             self._check_usable()
             payloads, header = self._prepare(event)
+            # where each payload goes and its checksums, then the header, all before anything is written
+            header["a"], writes, ends = {}, [], {}  # field -> [array, first row, shape, [[chunk, crc32c], ...]]
+            for fieldname, (name, rows, shape) in payloads.items():
+                stream = self._stream(name, rows.dtype, rows.shape[1:])
+                offset = ends.get(name, stream.end)  # two payloads of one dtype follow each other
+                ends[name] = offset + len(rows)
+                header["a"][fieldname] = [name, offset, shape, pieces(rows, offset, stream.chunk_rows)]
+                writes.append((stream, rows))
             try:
-                header["a"] = {}  # field -> [array, first row, shape of the field, [[chunk, crc32c], ...]]
-                for fieldname, (name, rows) in payloads.items():
-                    stream = self._stream(name, rows.dtype, rows.shape[1:])
-                    offset = stream.add(rows)
-                    header["a"][fieldname] = [name, offset, list(getattr(event, fieldname).shape),
-                                              pieces(rows, offset, stream.chunk_rows)]
                 header_bytes = np.frombuffer(pack(header), np.uint8)
-                self._stream(HEADERS, np.dtype(np.uint8), ()).add(header_bytes)
-                self._pending_headers.append(self._streams[HEADERS].end)
+            except Exception as exc:
+                raise EventRejected(type(event).__name__, None, f"header cannot be encoded ({exc})") from None
+            try:
+                for stream, rows in writes:
+                    stream.add(rows)
+                headers = self._stream(HEADERS, np.dtype(np.uint8), ())
+                headers.add(header_bytes)
+                self._pending_headers.append(headers.end)
                 self._next_event += 1
-                _store.write_chunks([w for stream in self._streams.values() for w in stream.full_chunks()])
+                self._last_time = header["ts"]
+                if self._chunked:
+                    _store.write_chunks([w for stream in self._streams.values() for w in stream.full_chunks()])
             except BaseException as exc:
                 self._broken = f"{type(exc).__name__}: {exc}"
                 raise
             return f"{self.writer_id}:{header['s']}"
 
-    def _prepare(self, event: Any) -> tuple[dict[str, tuple[str, np.ndarray]], dict]:
-        """Everything that can reject an event, before anything is touched."""
+    def _prepare(self, event: Any) -> tuple[dict[str, tuple[str, np.ndarray, list[int]]], dict]:
+        """Validate the event: its payloads as (array, rows, shape) and its header (without array
+        locations). Nothing is touched."""
         if not isinstance(event, Event):
             raise EventRejected(type(event).__name__, None,
                                 "only events (schemas.events.Event subclasses) can be appended to the log")
@@ -149,24 +162,21 @@ class SegmentWriter:
             type(event)(**{name: getattr(event, name) for name in type(event).model_fields})
         except SchemaError as exc:
             raise EventRejected(kind, exc.field, exc.problem) from None
-        payloads: dict[str, tuple[str, np.ndarray]] = {}
+        payloads: dict[str, tuple[str, np.ndarray, list[int]]] = {}
         for fieldname, spec in type(event).array_fields().items():
             value = getattr(event, fieldname)
             if value is None:
                 continue
             if spec.ndim == 3:  # the only rank-3 payload is a routing record [tokens, layers, k]
-                payloads[fieldname] = (ROUTING, np.ascontiguousarray(self._check_routing(kind, fieldname, value)))
+                rows = np.ascontiguousarray(self._check_routing(kind, fieldname, value))
+                payloads[fieldname] = (ROUTING, rows, list(value.shape))
             else:
                 if value.dtype.byteorder == ">":  # the arrays hold little-endian values
                     value = value.astype(value.dtype.newbyteorder("<"))
-                payloads[fieldname] = (stream_name(value.dtype), np.ascontiguousarray(value).reshape(-1))
+                payloads[fieldname] = (stream_name(value.dtype), np.ascontiguousarray(value).reshape(-1),
+                                       list(value.shape))
         ts = max(time.time(), self._last_time)
         header = {"t": event.kind, "v": event.schema_version, "f": event.header(), "s": self._next_event, "ts": ts}
-        try:
-            pack(header)
-        except Exception as exc:
-            raise EventRejected(kind, None, f"header cannot be encoded ({exc})") from None
-        self._last_time = ts
         return payloads, header
 
     def _check_routing(self, kind: str, fieldname: str, routing: np.ndarray) -> np.ndarray:
