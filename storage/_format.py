@@ -5,7 +5,8 @@
     <root>/segments/<writer>/headers          uint8 [bytes]           msgpack event headers, back to back
     <root>/segments/<writer>/<dtype>          <dtype> [elements]      1-D numeric payloads (int32 ids, ...)
     <root>/segments/<writer>/routing          uint8 [tokens, L, k]    expert ids (wider dtype when E > 256)
-    <root>/segments/<writer>/commits/<seq>    commit record (raw key, msgpack)
+    <root>/segments/<writer>/commits/<seq>    commit record (raw key, msgpack), or on a directory:
+    <root>/segments/<writer>/commits.log      every commit record, framed, appended (``_commits.py``)
 
 Arrays have a huge fixed shape; only the commit records say how much of each is valid. A commit
 record is written after every chunk it covers, and a store replaces keys atomically, so a batch

@@ -1,8 +1,10 @@
 """The log's section of the run config: chunk sizes and codecs (applied when a segment's arrays are created).
 
-A commit rewrites the partly filled last chunk of each array it touches (padded to a whole chunk, so
-no read-modify-write), so chunks are sized to what one commit typically adds: routing rows of a
-2k-token turn are ~0.8 MB at 48x8, while its ids, mask and logprobs are a few KB each.
+Off a directory (fsspec, memory stores) a commit rewrites the partly filled last chunk of each array
+it touches (padded to a whole chunk, so no read-modify-write), so chunks are sized to what one commit
+typically adds: routing rows of a 2k-token turn are ~0.8 MB at 48x8, while its ids, mask and
+logprobs are a few KB each. On a directory rows go straight into one file per array and chunk size
+only sets the granularity of the checksums that name a damaged chunk.
 
 Defaults were picked with ``bench/log_append.py`` (2k-token turns, 48x8 routing) on the development
 machine. Routing ids are ~97% of the bytes and near-uniform: no codec shrinks them, and any codec
