@@ -55,14 +55,18 @@ def crc32c(rows: np.ndarray, crc: int = 0) -> int:
 
 
 def pieces(rows: np.ndarray, first_row: int, chunk_rows: int) -> list[list[int]]:
-    """``[[chunk, crc32c], ...]`` of the parts of ``rows`` (starting at row ``first_row`` of their
-    array) that lie in one chunk each."""
+    """``[[chunk, crc32c], ...]`` of the parts of the C-contiguous ``rows`` (starting at row
+    ``first_row`` of their array) that lie in one chunk each."""
+    n = len(rows)
+    chunk = first_row // chunk_rows
+    if first_row + n <= (chunk + 1) * chunk_rows:  # the common case: all in one chunk
+        return [[chunk, google_crc32c.value(rows)]] if n else []
     out = []
     lo = 0
-    while lo < len(rows):
+    while lo < n:
         chunk = (first_row + lo) // chunk_rows
-        hi = min(len(rows), (chunk + 1) * chunk_rows - first_row)
-        out.append([chunk, crc32c(rows[lo:hi])])
+        hi = min(n, (chunk + 1) * chunk_rows - first_row)
+        out.append([chunk, google_crc32c.value(rows[lo:hi])])
         lo = hi
     return out
 
