@@ -31,6 +31,8 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec
 
+from schemas.base import dtype_name
+
 from ._packed import PACKED_ATTR, PackedStore, packable
 from .config import StorageConfig
 
@@ -139,7 +141,6 @@ class Commit:
 
 def stream_name(dtype: np.dtype) -> str:
     """The array that holds 1-D payloads of this dtype."""
-    from schemas.base import dtype_name
     return dtype_name(dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))
 
 

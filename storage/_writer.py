@@ -158,8 +158,8 @@ class SegmentWriter:
             raise EventRejected(type(event).__name__, None,
                                 "only events (schemas.events.Event subclasses) can be appended to the log")
         kind = type(event).__name__
-        try:  # re-validate: a record built with model_construct skipped its checks
-            type(event)(**{name: getattr(event, name) for name in type(event).model_fields})
+        try:  # re-validate: a record built with model_construct or model_copy(update=) skipped its checks
+            type(event)(**event.__dict__)  # a model's __dict__ holds exactly its fields
         except SchemaError as exc:
             raise EventRejected(kind, exc.field, exc.problem) from None
         payloads: dict[str, tuple[str, np.ndarray, list[int]]] = {}
