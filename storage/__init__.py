@@ -12,22 +12,27 @@ Public face::
     # trio: log = await EventLog.aopen(...); w = await log.awriter(...); await w.aappend(e) / w.acommit() /
     #       w.aclose(); await cur.apoll(); async for batch in cur.atail(): ...; await log.aget(...) / aby_trial /
     #       afold / acounts / averify   (all zarr I/O runs in worker threads, never on the trio loop)
-    #       nursery.start_soon(w.acommit_periodically, 0.05)  # group commit: a commit costs a few store
-    #       writes whatever its size, so batch events per commit (8 ms per-turn commits vs 0.5 ms at 16/commit)
+    #       nursery.start_soon(w.acommit_periodically, 0.05)  # group commit: off a directory a commit costs
+    #       a few store writes whatever its size, so batch events per commit (on a directory: one pwrite)
 
 Layout and guarantees (details in ``_format.py``): one segment per writer id (an actor instance),
 each a Zarr group of chunked append-only arrays — msgpack headers as uint8 bytes; token ids, masks,
-logprobs by dtype; routing as [tokens, layers, k] expert ids (uint8 when E <= 256). Writers keep the
-unfinished chunk in memory and write whole chunks only; ``commit`` writes the padded tail chunk and
-then a commit record carrying the crc32 of every chunk it (re)wrote. Readers trust commit records
-only, so they never see half an event; a writer killed at any instant loses only its uncommitted
-tail and a reopened writer resumes from the last commit. Needs a store that replaces keys atomically
-(LocalStore, MemoryStore, object stores); on a LocalStore an flock enforces one live writer per
-segment. By default commits survive a killed process, not a power cut; ``StorageConfig(fsync=True)``
-fsyncs chunks and commit records on a LocalStore. Errors: ``EventRejected`` (bad event, log
-unchanged), ``CorruptionError`` (.segment, .array, .chunk), ``WriterBusy``, ``LogNotFound``, all
-``LogError``. Readers keep a small index per event (time, kind, trial id) and decode headers and
-payloads on demand; events come back as fresh records owning their arrays.
+logprobs by dtype; routing as [tokens, layers, k] expert ids (uint8 when E <= 256). On a directory
+the store is a ``PackedStore`` (a zarr LocalStore that keeps each uncompressed array's chunks back to
+back in one file, ``<array>/c/packed``): writers ``pwrite`` rows there as they are appended and
+append commit records to one framed file per segment, which runs at raw-file speed. On any other
+store (fsspec, memory) writers keep the unfinished chunk in memory, write whole chunks only, the
+padded tail chunk at commit, and a commit record per key. Either way the commit record is written
+last and readers trust commit records only, so they never see half an event; a writer killed at
+any instant loses only its uncommitted tail and a reopened writer resumes from the last commit.
+Checksums are CRC-32C: commit records carry those of the header chunks, each event header those of
+its payloads (one per chunk a payload touches), so a mismatch names segment, array and chunk.
+On a LocalStore an flock enforces one live writer per segment. By default commits survive a killed
+process, not a power cut; ``StorageConfig(fsync=True)`` fsyncs data and commit records on a
+directory. Errors: ``EventRejected`` (bad event, log unchanged), ``CorruptionError`` (.segment,
+.array, .chunk), ``WriterBusy``, ``LogNotFound``, all ``LogError``. Readers keep a small index per
+event (time, kind, trial id) and decode headers and payloads on demand; consecutive events are read
+together (one read per array, up to ``read_block_bytes``) and their arrays share that block.
 """
 
 from ._cursor import Cursor

@@ -53,7 +53,7 @@ class Cursor:
                 position[writer] = seq + 1
                 if self._kinds is None or log._segments[writer].meta[seq].kind in self._kinds:
                     chosen.append((writer, seq))
-            batch = [(f"{w}:{s}", log._load(w, s)) for w, s in chosen]
+            batch = [(f"{w}:{s}", event) for (w, s), event in zip(chosen, log._load_many(chosen))]
             self._position = position  # only once every event of the batch was read and checked
             return batch
 

@@ -22,6 +22,7 @@ from .config import StorageConfig
 from .errors import LogError, LogNotFound
 
 T = TypeVar("T")
+_EVENTS_PER_READ = 64  # events() reads ahead this many (read_block_bytes bounds each read)
 EventRef = tuple[float, str, int]  # (append time, writer id, seq): the merge order of segments
 
 
@@ -50,14 +51,13 @@ class EventLog:
         """Open the log at a directory, an fsspec URL or a zarr store; ``create`` makes it if absent."""
         store = _store.open_store(location)
         where = _store.describe(store)
-        try:
-            root = zarr.open_group(store, mode="r")
-            marker = root.attrs.get("t1_event_log")
-        except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
-            marker = None
-            root = None
+        meta = _store.get_json(store, "zarr.json")  # the root group's metadata, read as a plain key
+        if meta is not None and meta.get("node_type") != "group":
+            raise LogNotFound(f"{where} holds a zarr {meta.get('node_type')} that is not a t1 event log; "
+                              "pick another location")
+        marker = None if meta is None else (meta.get("attributes") or {}).get("t1_event_log")
         if marker is None:
-            if root is not None:
+            if meta is not None:
                 raise LogNotFound(f"{where} holds a zarr group that is not a t1 event log; pick another location")
             if not create:
                 raise LogNotFound(f"no t1 event log at {where}; pass create=True to make one")
@@ -66,8 +66,9 @@ class EventLog:
             except zarr.errors.ContainsGroupError:  # another process made it first
                 return cls.open(store, config=config)
             root.require_group("segments")
-        elif int(marker) > FORMAT:
-            raise LogError(f"event log at {where} has format {marker}, newer than this t1 reads ({FORMAT}); upgrade t1")
+        elif int(marker) != FORMAT:
+            raise LogError(f"event log at {where} has format {marker}; this t1 reads format {FORMAT} only "
+                           f"({'upgrade t1' if int(marker) > FORMAT else 'read it with the t1 that wrote it'})")
         return cls(store, config or StorageConfig())
 
     # -- writing -------------------------------------------------------------------------------
@@ -118,9 +119,18 @@ class EventLog:
         refs.sort()
         return refs
 
-    def _load(self, writer: str, seq: int) -> Event:
+    def _load_many(self, refs: list[tuple[str, int]]) -> list[Event]:
+        """Events ``(writer, seq)`` in the given order, consecutive ones of a segment read together."""
+        out: list[Event] = []
         with self._lock:
-            return self._segments[writer].load(seq)
+            i = 0
+            while i < len(refs):
+                writer, j = refs[i][0], i + 1
+                while j < len(refs) and refs[j][0] == writer:
+                    j += 1
+                out.extend(self._segments[writer].load_many([seq for _, seq in refs[i:j]]))
+                i = j
+        return out
 
     def get(self, event_id: str) -> Event:
         """The committed event with this id; KeyError if there is none (yet)."""
@@ -138,16 +148,19 @@ class EventLog:
         """Every committed event of a trial (records with a ``trial_id`` field), in merge order."""
         with self._lock:
             self.refresh()
-            refs = sorted((self._segments[w].meta[s].ts, w, s) for w, s in self._by_trial.get(trial_id, []))
-            return [(f"{w}:{s}", self._load(w, s)) for _, w, s in refs]
+            refs = [(w, s) for _, w, s in sorted((self._segments[w].meta[s].ts, w, s)
+                                                  for w, s in self._by_trial.get(trial_id, []))]
+            return [(f"{w}:{s}", event) for (w, s), event in zip(refs, self._load_many(refs))]
 
     def events(self, kinds: Iterable[str] | None = None) -> Iterator[tuple[str, Event]]:
         """Every committed event (optionally only some kinds), segments merged by append time."""
         with self._lock:
             self.refresh()
             refs = self._refs(kinds)
-        for _, writer, seq in refs:
-            yield f"{writer}:{seq}", self._load(writer, seq)
+        for lo in range(0, len(refs), _EVENTS_PER_READ):
+            batch = [(writer, seq) for _, writer, seq in refs[lo:lo + _EVENTS_PER_READ]]
+            for (writer, seq), event in zip(batch, self._load_many(batch)):
+                yield f"{writer}:{seq}", event
 
     def fold(self, fn: Callable[[T, Event], T], init: T, kinds: Iterable[str] | None = None) -> T:
         """Rebuild state: ``fn(state, event)`` over every committed event in merge order."""

@@ -1,8 +1,14 @@
-"""SegmentReader: the committed view of one segment, caught up incrementally, every chunk checksummed."""
+"""SegmentReader: the committed view of one segment, caught up incrementally, every byte checksummed.
+
+Header chunks are checked against the crcs in the commit records (read in cached blocks); an
+event's payloads are read on their own, straight into the arrays the event will own, and checked
+piece by piece against the crcs its header carries (each piece lies in one chunk, so a mismatch
+names that chunk)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -12,7 +18,10 @@ from schemas import Record, SchemaError, unpack
 from schemas.codec import from_wire
 
 from . import _store
-from ._format import COMMIT_BATCH, HEADERS, ROUTING, Commit, commit_key, crc32, segment_dir
+from ._commits import commit_channel
+from ._format import HEADERS, ROUTING, Commit, crc32c, segment_dir
+from ._packed import PackedStore
+from ._rows import PackedRows, ZarrRows
 from .config import StorageConfig
 from .errors import CorruptionError
 
@@ -37,8 +46,9 @@ class SegmentReader:
         self._checksums: dict[str, dict[int, int]] = {}
         self._header_ends: list[int] = []
         self.meta: list[EventMeta] = []
-        self._arrays: dict[str, zarr.Array] = {}
-        self._cache: dict[str, OrderedDict[int, tuple[np.ndarray, int]]] = {}  # chunk -> (rows from it, first row)
+        self._sources: dict[str, ZarrRows | PackedRows] = {}
+        self.commits = commit_channel(store, writer_id)  # where the commit records are
+        self._cache: OrderedDict[int, tuple[np.ndarray, int]] = OrderedDict()  # header chunk -> (rows from it, first row)
 
     @property
     def event_count(self) -> int:
@@ -53,17 +63,8 @@ class SegmentReader:
     def refresh(self) -> int:
         """Read commit records written since the last call; returns how many events became visible."""
         before = self.event_count
-        batch = 1  # an idle segment costs one lookup per refresh; a busy one is fetched in batches
-        while True:
-            keys = [commit_key(self.writer_id, self.commit_count + i) for i in range(batch)]
-            blobs = _store.get_many(self._store, keys)
-            for blob in blobs:
-                if blob is None:
-                    break
-                self._apply(self._decode_commit(blob))
-            if any(blob is None for blob in blobs):
-                break
-            batch = COMMIT_BATCH
+        for blob in self.commits.read_new():
+            self._apply(self._decode_commit(blob))
         self._index_new_events()
         return self.event_count - before
 
@@ -82,11 +83,10 @@ class SegmentReader:
     def _apply(self, commit: Commit) -> None:
         for name, pairs in commit.checksums.items():
             sums = self._checksums.setdefault(name, {})
-            cache = self._cache.get(name)
             for chunk, crc in pairs:
                 sums[chunk] = crc
-                if cache is not None:
-                    cache.pop(chunk, None)  # a rewritten tail chunk: drop the shorter cached copy
+                if name == HEADERS:
+                    self._cache.pop(chunk, None)  # a rewritten tail chunk: drop the shorter cached copy
         self.ends.update(commit.ends)
         self._header_ends.extend(commit.header_ends)
         self.commit_count += 1
@@ -108,109 +108,177 @@ class SegmentReader:
         except CorruptionError:
             raise
         except Exception as exc:
-            chunk = start // self._array(HEADERS).chunks[0]
+            chunk = start // self._source(HEADERS).chunk_rows
             raise CorruptionError(self.writer_id, HEADERS, chunk, f"header of event {seq} unreadable ({exc})") from None
         return header
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _array(self, name: str) -> zarr.Array:
-        array = self._arrays.get(name)
-        if array is None:
+    def _source(self, name: str) -> ZarrRows | PackedRows:
+        source = self._sources.get(name)
+        if source is None:
+            path = f"{segment_dir(self.writer_id)}/{name}"
             try:
-                array = zarr.open_array(self._store, path=f"{segment_dir(self.writer_id)}/{name}", mode="r")
+                layout = self._store.pack_file(path) if isinstance(self._store, PackedStore) else None
+                if layout is not None:
+                    source = PackedRows(layout, self.writer_id, name)
+                else:
+                    source = ZarrRows(zarr.open_array(self._store, path=path, mode="r"), self.writer_id, name)
             except Exception as exc:
                 raise CorruptionError(self.writer_id, name, None, f"array metadata unreadable ({exc})") from None
-            self._arrays[name] = array
-        return array
+            self._sources[name] = source
+        return source
 
     def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) of a committed array, every chunk they touch checked against its crc.
-
-        Chunks are fetched in blocks of ``readahead_chunks`` (zarr decodes them concurrently) and a
-        range inside one cached block comes back as a view, without a copy."""
+        """Rows [start, stop) of a committed array. Header rows are checked against the commit
+        records' chunk crcs and come from cached blocks of ``readahead_chunks`` chunks (a view,
+        not a copy); payload rows come back fresh and unchecked (``check_pieces`` checks them)."""
         end = self.ends.get(name, 0)
         if not 0 <= start <= stop <= end:
             raise CorruptionError(self.writer_id, name, None,
                                   f"rows [{start}, {stop}) asked, only {end} committed (a header points past the data)")
-        array = self._array(name)
+        source = self._source(name)
         if start == stop:
-            return np.empty((0, *array.shape[1:]), array.dtype)
-        rows = array.chunks[0]
+            return source.read(start, start)
+        if name != HEADERS:
+            return source.read(start, stop)
+        rows = source.chunk_rows
         first, last = start // rows, (stop - 1) // rows
-        cache = self._cache.setdefault(name, OrderedDict())
-        hit = cache.get(first)
+        hit = self._cache.get(first)
         if hit is None or hit[1] + len(hit[0]) < stop:
-            hit = self._read_block(name, first, max(last, first + self._config.readahead_chunks - 1), end)
-        elif first in cache:
-            cache.move_to_end(first)
+            hit = self._read_headers(first, max(last, first + self._config.readahead_chunks - 1), end)
+        else:
+            self._cache.move_to_end(first)
         block, block_start = hit
         return block[start - block_start: stop - block_start]
 
-    def _read_block(self, name: str, first: int, last: int, end: int) -> tuple[np.ndarray, int]:
-        """Read chunks [first, last] (clipped to the committed rows), check each, cache the block."""
-        array = self._array(name)
-        rows = array.chunks[0]
+    def _read_headers(self, first: int, last: int, end: int) -> tuple[np.ndarray, int]:
+        """Read header chunks [first, last] (clipped to the committed rows), check each, cache the block."""
+        rows = self._source(HEADERS).chunk_rows
         last = min(last, (end - 1) // rows)
         lo, hi = first * rows, min((last + 1) * rows, end)
-        try:
-            block = array[lo:hi]
-        except Exception:
-            block = None  # a damaged chunk in the batch: decode one by one to name it
-        if block is None:
-            for c in range(first, last + 1):
-                try:
-                    array[c * rows: min((c + 1) * rows, end)]
-                except Exception as exc:
-                    raise CorruptionError(self.writer_id, name, c,
-                                          f"chunk cannot be decoded ({type(exc).__name__}: {exc})") from None
-            block = array[lo:hi]
+        block = self._source(HEADERS).read(lo, hi)
         for c in range(first, last + 1):
-            self._check(name, c, block[c * rows - lo: min((c + 1) * rows, end) - lo])
-        cache = self._cache.setdefault(name, OrderedDict())
+            self._check(HEADERS, c, block[c * rows - lo: min((c + 1) * rows, end) - lo])
         for c in range(first, last + 1):
-            cache[c] = (block[c * rows - lo:], c * rows)  # each chunk: the block from that chunk on
-            cache.move_to_end(c)
-        while len(cache) > self._config.cache_chunks:
-            cache.popitem(last=False)
+            self._cache[c] = (block[c * rows - lo:], c * rows)  # each chunk: the block from that chunk on
+            self._cache.move_to_end(c)
+        while len(self._cache) > self._config.cache_chunks:
+            self._cache.popitem(last=False)
         return block, lo
 
     def _check(self, name: str, chunk: int, rows: np.ndarray) -> None:
         expected = self._checksums.get(name, {}).get(chunk)
         if expected is None:
             raise CorruptionError(self.writer_id, name, chunk, "no commit record carries this chunk's checksum")
-        actual = crc32(rows)
+        actual = crc32c(rows)
         if actual != expected:
             raise CorruptionError(self.writer_id, name, chunk,
-                                  f"checksum mismatch (crc32 {actual:08x}, committed {expected:08x})")
+                                  f"checksum mismatch (crc32c {actual:08x}, committed {expected:08x})")
+
+    def check_pieces(self, name: str, offset: int, rows: np.ndarray, pieces: list) -> list[int]:
+        """Check payload rows (starting at row ``offset``) against their header's per-chunk pieces;
+        returns the chunks checked."""
+        chunk_rows = self._source(name).chunk_rows
+        lo, checked = 0, []
+        for chunk, expected in pieces:
+            hi = min(len(rows), (chunk + 1) * chunk_rows - offset)
+            if chunk != (offset + lo) // chunk_rows or hi <= lo:
+                raise CorruptionError(self.writer_id, name, chunk, "an event header's checksum pieces do not match "
+                                      f"its rows [{offset}, {offset + len(rows)})")
+            actual = crc32c(rows[lo:hi])
+            if actual != expected:
+                raise CorruptionError(self.writer_id, name, chunk,
+                                      f"checksum mismatch (crc32c {actual:08x}, committed {expected:08x})")
+            checked.append(chunk)
+            lo = hi
+        if lo != len(rows):
+            raise CorruptionError(self.writer_id, name, (offset + lo) // chunk_rows,
+                                  "an event header's checksum pieces do not cover its rows")
+        return checked
+
+    def _entries(self, seq: int, header: dict) -> list[tuple[str, str, int, list[int], list, int]]:
+        """An event's payloads as (field, array, first row, shape, pieces, rows)."""
+        out = []
+        for fieldname, entry in header.get("a", {}).items():
+            try:
+                name, offset, shape, pieces = entry
+                count = shape[0] if name == ROUTING else int(np.prod(shape))  # routing rows are tokens
+            except Exception:
+                raise CorruptionError(self.writer_id, HEADERS, None,
+                                      f"header of event {seq} has a malformed array entry {fieldname!r}") from None
+            out.append((fieldname, name, offset, shape, pieces, count))
+        return out
+
+    def _read_run(self, seqs: list[int]) -> tuple[list[tuple[dict, dict[str, np.ndarray]]], dict[str, set[int]]]:
+        """Headers and checked payloads of events ``seqs`` (consecutive): each array's rows for all of
+        them in one read, each event's arrays views of that block. Also the chunks checked per array."""
+        headers = [self.header(seq) for seq in seqs]
+        entries = [self._entries(seq, header) for seq, header in zip(seqs, headers)]
+        spans: dict[str, list[int]] = {}
+        for event in entries:
+            for _, name, offset, _, _, count in event:
+                span = spans.setdefault(name, [offset, offset + count])
+                span[0], span[1] = min(span[0], offset), max(span[1], offset + count)
+        blocks = {name: self.read_rows(name, lo, hi) for name, (lo, hi) in spans.items()}
+        out, checked = [], {}
+        for header, event in zip(headers, entries):
+            arrays = {}
+            for fieldname, name, offset, shape, pieces, count in event:
+                lo = offset - spans[name][0]
+                rows = blocks[name][lo:lo + count]
+                checked.setdefault(name, set()).update(self.check_pieces(name, offset, rows, pieces))
+                arrays[fieldname] = rows.reshape(shape)
+            out.append((header, arrays))
+        return out, checked
+
+    def _runs(self, seqs: list[int]) -> Iterator[list[int]]:
+        """``seqs`` cut into runs of consecutive events of at most ``read_block_bytes`` of payload."""
+        run: list[int] = []
+        size = 0
+        for seq in seqs:
+            nbytes = sum(count * self._source(name).row_bytes
+                         for _, name, _, _, _, count in self._entries(seq, self.header(seq)))
+            if run and (seq != run[-1] + 1 or size + nbytes > self._config.read_block_bytes):
+                yield run
+                run, size = [], 0
+            run.append(seq)
+            size += nbytes
+        if run:
+            yield run
+
+    def load_many(self, seqs: list[int]) -> list[Record]:
+        """Committed events ``seqs``, arrays bit-exact as appended. Consecutive events are read
+        together, one read per array for up to ``read_block_bytes`` (their arrays share that block)."""
+        records = []
+        for run in self._runs(seqs):
+            for seq, (header, arrays) in zip(run, self._read_run(run)[0]):
+                try:
+                    records.append(from_wire({"t": header["t"], "v": header["v"], "f": {**header["f"], **arrays}}))
+                except SchemaError:
+                    raise
+                except Exception as exc:
+                    raise CorruptionError(self.writer_id, HEADERS, None,
+                                          f"event {seq} cannot be rebuilt ({exc})") from None
+        return records
 
     def load(self, seq: int) -> Record:
         """The committed event ``seq`` of this segment, arrays bit-exact as appended."""
-        header = self.header(seq)
-        fields = dict(header["f"])
-        for fieldname, (name, offset, shape) in header.get("a", {}).items():
-            count = shape[0] if name == ROUTING else int(np.prod(shape))  # routing rows are tokens
-            rows = self.read_rows(name, offset, offset + count)
-            fields[fieldname] = rows.reshape(shape).copy()  # own memory: a record must not pin a cached block
-        try:
-            return from_wire({"t": header["t"], "v": header["v"], "f": fields})
-        except SchemaError:
-            raise
-        except Exception as exc:
-            raise CorruptionError(self.writer_id, HEADERS, None, f"event {seq} cannot be rebuilt ({exc})") from None
+        return self.load_many([seq])[0]
 
     def verify(self) -> dict[str, int]:
-        """Read back and check every committed chunk; returns chunks checked per array."""
-        checked = {}
-        for name, end in self.ends.items():
-            array = self._array(name)
-            rows = array.chunks[0]
-            self._cache.pop(name, None)
-            count = 0
+        """Read back and check every committed byte: header chunks against the commit records, each
+        event's payloads against its header. Returns chunks checked per array."""
+        checked: dict[str, set[int]] = {}
+        end = self.ends.get(HEADERS, 0)
+        if end:
+            rows = self._source(HEADERS).chunk_rows
             step = self._config.readahead_chunks
+            self._cache.clear()
             for chunk in range(0, (end + rows - 1) // rows, step):
-                self._read_block(name, chunk, chunk + step - 1, end)
-                count += min(step, (end + rows - 1) // rows - chunk)
-            checked[name] = count
-            self._cache.pop(name, None)
-        return checked
+                self._read_headers(chunk, chunk + step - 1, end)
+            checked[HEADERS] = set(range((end + rows - 1) // rows))
+        for run in self._runs(list(range(self.event_count))):
+            for name, chunks in self._read_run(run)[1].items():
+                checked.setdefault(name, set()).update(chunks)
+        return {name: len(chunks) for name, chunks in checked.items()}

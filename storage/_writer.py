@@ -10,73 +10,16 @@ import numpy as np
 import trio
 import zarr
 
-from schemas import SchemaError, pack
+from schemas import SchemaError, known_kinds, lookup, pack
 from schemas.events import Event
 
 from . import _store
-from ._format import HEADERS, ROUTING, Commit, RoutingShape, commit_key, crc32, create_array, segment_dir, stream_name
+from ._format import HEADERS, ROUTING, Commit, RoutingShape, crc32c, create_array, pieces, segment_dir, stream_name
+from ._packed import PackedStore
 from ._reader import SegmentReader
+from ._streams import ChunkStream, PackedStream
 from .config import StorageConfig
 from .errors import EventRejected, LogError
-
-
-class _Stream:
-    """One append-only array as its writer sees it: rows [start, end) are held in memory, where
-    ``start`` is chunk-aligned, so every store write is a whole chunk (the tail chunk padded)."""
-
-    def __init__(self, array: zarr.Array, end: int, held: np.ndarray):
-        self.array = array
-        self.chunk_rows = array.chunks[0]
-        self.start = (end // self.chunk_rows) * self.chunk_rows
-        self.end = end
-        self.stored = end  # rows already in the store (as of the last commit or chunk write)
-        self.pieces: list[np.ndarray] = [held] if len(held) else []
-        self.crcs: dict[int, int] = {}  # chunk -> crc of rows written since the last commit
-
-    def add(self, rows: np.ndarray) -> int:
-        offset = self.end
-        self.pieces.append(rows)
-        self.end += len(rows)
-        return offset
-
-    def _held(self) -> np.ndarray:
-        if len(self.pieces) != 1:
-            self.pieces = [np.concatenate(self.pieces)] if self.pieces else []
-        return self.pieces[0] if self.pieces else np.empty((0, *self.array.shape[1:]), self.array.dtype)
-
-    def full_chunks(self) -> list[tuple[zarr.Array, int, np.ndarray]]:
-        """Take every whole chunk held (as writes for ``_store.write_chunks``) and record its crc."""
-        full = (self.end - self.start) // self.chunk_rows * self.chunk_rows
-        if full == 0:
-            return []
-        held = self._held()
-        writes = []
-        for lo in range(0, full, self.chunk_rows):
-            rows = held[lo:lo + self.chunk_rows]
-            self.crcs[(self.start + lo) // self.chunk_rows] = crc32(rows)
-            writes.append((self.array, self.start + lo, rows))
-        rest = held[full:]
-        self.pieces = [rest.copy()] if len(rest) else []  # copy: the written block may go once stored
-        self.start += full
-        self.stored = max(self.stored, self.start)
-        return writes
-
-    def tail_chunk(self) -> list[tuple[zarr.Array, int, np.ndarray]]:
-        """The partial last chunk padded to a whole chunk, if it has rows not yet stored (a commit
-        rewrites it as it fills; the committed rows in it never change)."""
-        if self.end in (self.start, self.stored):
-            return []
-        held = self._held()
-        padded = np.zeros((self.chunk_rows, *held.shape[1:]), held.dtype)
-        padded[:len(held)] = held
-        self.crcs[self.start // self.chunk_rows] = crc32(held)
-        self.stored = self.end
-        return [(self.array, self.start, padded)]
-
-    def written_keys(self) -> list[str]:
-        """Store keys of the chunks written since the last commit."""
-        tail = (0,) * (self.array.ndim - 1)
-        return [f"{self.array.path}/{self.array.metadata.encode_chunk_key((c, *tail))}" for c in self.crcs]
 
 
 class SegmentWriter:
@@ -101,7 +44,7 @@ class SegmentWriter:
         try:
             self._open(routing)
         except BaseException:
-            self._holder.release()
+            self.abandon()
             raise
 
     # -- opening and recovery ------------------------------------------------------------------
@@ -127,23 +70,51 @@ class SegmentWriter:
         reader.refresh()
         self._next_event = reader.event_count
         self._next_commit = reader.commit_count
+        self._commits = reader.commits  # carries on where the reader stopped
         self._last_time = reader.last_time
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, ChunkStream | PackedStream] = {}
         for name, end in reader.ends.items():
-            array = group[name]
-            chunk_rows = array.chunks[0]
-            start = (end // chunk_rows) * chunk_rows
-            held = reader.read_rows(name, start, end) if end > start else array[0:0]
-            self._streams[name] = _Stream(array, end, np.array(held, copy=True))
+            self._streams[name] = self._open_stream(name, group[name], end, reader)
+        self._chunked = any(isinstance(s, ChunkStream) for s in self._streams.values())  # chunks to write
+        for name, (dtype, inner) in self._expected_arrays().items():  # made now, not by the first append
+            self._stream(name, dtype, inner)
         self._pending_headers: list[int] = []  # header-array end offset of each uncommitted event
 
-    def _stream(self, name: str, dtype: np.dtype, inner: tuple[int, ...]) -> _Stream:
+    def _expected_arrays(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        """The arrays events will go to: headers, routing (with a routing shape), and one per dtype
+        of the events' 1-D payloads."""
+        arrays = {HEADERS: (np.dtype(np.uint8), ())}
+        if self.routing is not None:
+            arrays[ROUTING] = (self.routing.dtype, (self.routing.layers, self.routing.k))
+        for kind in known_kinds():
+            record = lookup(kind)
+            if issubclass(record, Event):
+                for spec in record.array_fields().values():
+                    if spec.ndim == 1 and len(spec.dtypes) == 1:
+                        arrays.setdefault(stream_name(spec.dtypes[0]), (np.dtype(spec.dtypes[0]), ()))
+        return arrays
+
+    def _open_stream(self, name: str, array: zarr.Array, end: int,
+                     reader: SegmentReader | None) -> ChunkStream | PackedStream:
+        """The stream of an array whose first ``end`` rows are committed (``reader`` reads them)."""
+        chunk_rows = array.chunks[0]
+        start = (end // chunk_rows) * chunk_rows
+        tail = reader.read_rows(name, start, end) if end > start else array[0:0]  # headers come back checked
+        checksum = name == HEADERS  # payload pieces are checksummed in the event headers instead
+        layout = self._store.pack_file(array.path) if isinstance(self._store, PackedStore) else None
+        if layout is not None:
+            return PackedStream(layout, end, crc32c(tail) if checksum and len(tail) else 0, checksum,
+                                self._config.reserve_min_bytes)
+        return ChunkStream(array, end, np.array(tail, copy=True), checksum)
+
+    def _stream(self, name: str, dtype: np.dtype, inner: tuple[int, ...]) -> ChunkStream | PackedStream:
         stream = self._streams.get(name)
         if stream is None:
             array = self._group.get(name)
             if array is None:
                 array = create_array(self._group, name, dtype, inner, self._config)
-            stream = self._streams[name] = _Stream(array, 0, np.empty((0, *inner), dtype))
+            stream = self._streams[name] = self._open_stream(name, array, 0, None)
+            self._chunked = self._chunked or isinstance(stream, ChunkStream)
         return stream
 
     # -- appending -----------------------------------------------------------------------------
@@ -153,48 +124,59 @@ class SegmentWriter:
         with self._lock:
             self._check_usable()
             payloads, header = self._prepare(event)
+            # where each payload goes and its checksums, then the header, all before anything is written
+            header["a"], writes, ends = {}, [], {}  # field -> [array, first row, shape, [[chunk, crc32c], ...]]
+            for fieldname, (name, rows, shape) in payloads.items():
+                stream = self._stream(name, rows.dtype, rows.shape[1:])
+                offset = ends.get(name, stream.end)  # two payloads of one dtype follow each other
+                ends[name] = offset + len(rows)
+                header["a"][fieldname] = [name, offset, shape, pieces(rows, offset, stream.chunk_rows)]
+                writes.append((stream, rows))
             try:
-                header["a"] = {}  # field -> [array, first row, shape of the field]
-                for fieldname, (name, rows) in payloads.items():
-                    offset = self._stream(name, rows.dtype, rows.shape[1:]).add(rows)
-                    header["a"][fieldname] = [name, offset, list(getattr(event, fieldname).shape)]
                 header_bytes = np.frombuffer(pack(header), np.uint8)
-                self._stream(HEADERS, np.dtype(np.uint8), ()).add(header_bytes)
-                self._pending_headers.append(self._streams[HEADERS].end)
+            except Exception as exc:
+                raise EventRejected(type(event).__name__, None, f"header cannot be encoded ({exc})") from None
+            try:
+                for stream, rows in writes:
+                    stream.add(rows)
+                headers = self._stream(HEADERS, np.dtype(np.uint8), ())
+                headers.add(header_bytes)
+                self._pending_headers.append(headers.end)
                 self._next_event += 1
-                _store.write_chunks([w for stream in self._streams.values() for w in stream.full_chunks()])
+                self._last_time = header["ts"]
+                if self._chunked:
+                    _store.write_chunks([w for stream in self._streams.values() for w in stream.full_chunks()])
             except BaseException as exc:
                 self._broken = f"{type(exc).__name__}: {exc}"
                 raise
             return f"{self.writer_id}:{header['s']}"
 
-    def _prepare(self, event: Any) -> tuple[dict[str, tuple[str, np.ndarray]], dict]:
-        """Everything that can reject an event, before anything is touched."""
+    def _prepare(self, event: Any) -> tuple[dict[str, tuple[str, np.ndarray, list[int]]], dict]:
+        """Validate the event: its payloads as (array, rows, shape) and its header (without array
+        locations). Nothing is touched."""
         if not isinstance(event, Event):
             raise EventRejected(type(event).__name__, None,
                                 "only events (schemas.events.Event subclasses) can be appended to the log")
         kind = type(event).__name__
-        try:  # re-validate: a record built with model_construct skipped its checks
-            type(event)(**{name: getattr(event, name) for name in type(event).model_fields})
+        try:  # re-validate: a record built with model_construct or model_copy(update=) skipped its checks
+            type(event)(**event.__dict__)  # a model's __dict__ holds exactly its fields
         except SchemaError as exc:
             raise EventRejected(kind, exc.field, exc.problem) from None
-        payloads: dict[str, tuple[str, np.ndarray]] = {}
+        payloads: dict[str, tuple[str, np.ndarray, list[int]]] = {}
         for fieldname, spec in type(event).array_fields().items():
             value = getattr(event, fieldname)
             if value is None:
                 continue
-            # copies: the caller may still hold a writable base of the record's read-only views
             if spec.ndim == 3:  # the only rank-3 payload is a routing record [tokens, layers, k]
-                payloads[fieldname] = (ROUTING, np.array(self._check_routing(kind, fieldname, value), copy=True))
+                rows = np.ascontiguousarray(self._check_routing(kind, fieldname, value))
+                payloads[fieldname] = (ROUTING, rows, list(value.shape))
             else:
-                payloads[fieldname] = (stream_name(value.dtype), np.array(value, copy=True).reshape(-1))
+                if value.dtype.byteorder == ">":  # the arrays hold little-endian values
+                    value = value.astype(value.dtype.newbyteorder("<"))
+                payloads[fieldname] = (stream_name(value.dtype), np.ascontiguousarray(value).reshape(-1),
+                                       list(value.shape))
         ts = max(time.time(), self._last_time)
         header = {"t": event.kind, "v": event.schema_version, "f": event.header(), "s": self._next_event, "ts": ts}
-        try:
-            pack(header)
-        except Exception as exc:
-            raise EventRejected(kind, None, f"header cannot be encoded ({exc})") from None
-        self._last_time = ts
         return payloads, header
 
     def _check_routing(self, kind: str, fieldname: str, routing: np.ndarray) -> np.ndarray:
@@ -209,6 +191,8 @@ class SegmentWriter:
             raise EventRejected(kind, fieldname, f"routing dtype {routing.dtype.name}, but a model with "
                                 f"{shape.num_experts} experts records {shape.dtype.name} "
                                 f"(convert with .astype(np.{shape.dtype.name}))")
+        if shape.all_ids_valid:
+            return routing
         if routing.size and int(routing.max()) >= shape.num_experts:
             raise EventRejected(kind, fieldname, f"expert id {int(routing.max())} out of range for "
                                 f"{shape.num_experts} experts")
@@ -225,23 +209,28 @@ class SegmentWriter:
             if not self._pending_headers:
                 return 0
             try:
-                _store.write_chunks([w for stream in self._streams.values()
-                                     for w in stream.full_chunks() + stream.tail_chunk()])
-                self._fsync.files([key for stream in self._streams.values() for key in stream.written_keys()])
+                streams = self._streams.values()
+                _store.write_chunks([w for stream in streams for w in stream.commit_writes()])
+                if self._config.fsync:
+                    for stream in streams:
+                        if isinstance(stream, PackedStream) and stream.touched:
+                            stream.fsync()
+                    self._fsync.files([key for s in streams if isinstance(s, ChunkStream) for key in s.written_keys()])
                 record = Commit(
                     seq=self._next_commit, first_event=self._next_event - len(self._pending_headers),
                     header_ends=list(self._pending_headers),
-                    ends={name: s.end for name, s in self._streams.items() if s.crcs},
+                    ends={name: s.end for name, s in self._streams.items() if s.touched},
                     checksums={name: sorted(s.crcs.items()) for name, s in self._streams.items() if s.crcs},
                     time=time.time())
-                key = commit_key(self.writer_id, record.seq)
-                _store.put(self._store, key, record.encode())
-                self._fsync.files([key])
+                keys = self._commits.append(record.encode())
+                if self._config.fsync:
+                    self._commits.fsync()
+                    self._fsync.files(keys)
             except BaseException as exc:
                 self._broken = f"{type(exc).__name__}: {exc}"
                 raise
             for stream in self._streams.values():
-                stream.crcs.clear()
+                stream.mark_committed()
             self._next_commit += 1
             count = len(self._pending_headers)
             self._pending_headers = []
@@ -269,6 +258,10 @@ class SegmentWriter:
         """Release the segment, dropping uncommitted events (what a crash would do)."""
         with self._lock:
             if self._holder is not None:
+                for stream in getattr(self, "_streams", {}).values():
+                    stream.close()
+                if hasattr(self, "_commits"):
+                    self._commits.close()
                 self._holder.release()
                 self._holder = None
 

@@ -10,7 +10,8 @@ from storage import StorageConfig
 
 LAYERS, K, EXPERTS = 4, 2, 8
 TINY_CHUNKS = StorageConfig(routing_chunk_bytes=1024, vector_chunk_bytes=1024, header_chunk_bytes=1024,
-                            cache_chunks=4, readahead_chunks=3)
+                            cache_chunks=4, readahead_chunks=3, read_block_bytes=4096,
+                            reserve_min_bytes=128)  # writes of 128 B or more reserve blocks first: kills hit that too
 
 
 def sampler_turn(seq: int, writer: str = "w") -> SamplerTurn:

@@ -208,8 +208,12 @@ def test_wide_routing_for_many_experts(tmp_path):
     assert got.dtype == np.uint16 and got.tobytes() == wide.routing.tobytes()
 
 
-def _chunk_files(location: Path, array: str) -> list[Path]:
-    return sorted(p for p in (location / "segments" / "w" / array / "c").rglob("*") if p.is_file())
+def _chunk_files(location: Path, array: str) -> set[Path]:
+    return {p for p in (location / "segments" / "w" / array / "c").rglob("*") if p.is_file()}
+
+
+def _pack_file(location: Path, array: str) -> Path:
+    return location / "segments" / "w" / array / "c" / "packed"
 
 
 def test_corrupted_chunk_is_named(tmp_path):
@@ -218,10 +222,10 @@ def test_corrupted_chunk_is_named(tmp_path):
     with log.writer("w", **ROUTING) as writer:
         for seq in range(6):
             writer.append(sampler_turn(seq))
-    victim = _chunk_files(location, "routing")[2]
-    chunk = int(victim.parts[-3])  # c/<chunk>/0/0
+    assert not _chunk_files(location, "routing") - {_pack_file(location, "routing")}  # one file, no chunk files
+    victim, chunk = _pack_file(location, "routing"), 2  # routing chunks: 1024 bytes each, back to back
     data = bytearray(victim.read_bytes())
-    data[10] ^= 0xFF
+    data[chunk * 1024 + 10] ^= 0xFF
     victim.write_bytes(bytes(data))
     fresh = EventLog.open(location)
     with pytest.raises(CorruptionError, match=rf"segment 'w', array 'routing', chunk {chunk}: checksum mismatch"):
@@ -233,22 +237,42 @@ def test_corrupted_chunk_is_named(tmp_path):
 
 def test_damaged_compressed_chunk_and_commit_record_are_named(tmp_path):
     location = tmp_path / "log"
-    log = EventLog.open(location, create=True, config=TINY_CHUNKS)
+    log = EventLog.open(location, create=True, config=TINY_CHUNKS.model_copy(update={"codec": "lz4"}))
     with log.writer("w", **ROUTING) as writer:
         for seq in range(4):
             writer.append(sampler_turn(seq))
             writer.commit()
-    victim = _chunk_files(location, "int32")[1]
+    assert _pack_file(location, "int32") not in _chunk_files(location, "int32")  # compressed: a file per chunk
+    victim = sorted(_chunk_files(location, "int32"))[1]
     victim.write_bytes(victim.read_bytes()[:20])  # truncated blosc frame
     with pytest.raises(CorruptionError, match=r"segment 'w', array 'int32', chunk 1"):
         EventLog.open(location).verify()
-    _chunk_files(location, "headers")[0].unlink()  # a lost chunk reads back as fill value: caught too
+    sorted(_chunk_files(location, "headers"))[0].unlink()  # a lost chunk reads back as fill value: caught too
     with pytest.raises(CorruptionError, match=r"segment 'w', array 'headers', chunk 0: checksum mismatch"):
         EventLog.open(location).counts()
-    record = location / "segments" / "w" / "commits" / "000000000002"
-    record.write_bytes(record.read_bytes()[:-3] + b"\x00\x00\x00")
+    commits = location / "segments" / "w" / "commits.log"  # one frame per commit: [length][crc32c][record]
+    data = bytearray(commits.read_bytes())
+    start = 0
+    for _ in range(2):
+        start += 8 + int.from_bytes(data[start:start + 4], "little")
+    data[start + 12] ^= 0xFF  # inside commit record 2
+    commits.write_bytes(bytes(data))
     with pytest.raises(CorruptionError, match=r"segment 'w', array 'commits'.*commit record 2"):
         EventLog.open(location).counts()
+
+
+def test_damaged_commit_record_key_is_named():
+    store = zarr.storage.MemoryStore()  # stores without a directory keep a key per commit record
+    log = EventLog.open(store, create=True, config=TINY_CHUNKS)
+    with log.writer("w", **ROUTING) as writer:
+        for seq in range(3):
+            writer.append(sampler_turn(seq))
+            writer.commit()
+    key = "segments/w/commits/000000000001"
+    record = zarr.core.sync.sync(store.get(key, zarr.core.buffer.default_buffer_prototype())).to_bytes()
+    zarr.core.sync.sync(store.set(key, zarr.core.buffer.cpu.Buffer.from_bytes(record[:-3] + b"\x00\x00\x00")))
+    with pytest.raises(CorruptionError, match=r"segment 'w', array 'commits'.*commit record 1"):
+        EventLog.open(store, config=TINY_CHUNKS).counts()
 
 
 def test_trio_wrappers_do_not_block_and_tail(tmp_path):
