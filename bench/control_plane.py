@@ -63,14 +63,18 @@ def raw_server(rep_addr: str, pull_addr: str) -> None:
     import threading
 
     pulled = [0]
+    pull = pynng.Pull0(listen=pull_addr, recv_max_size=0)
 
     def pull_loop():
-        with pynng.Pull0(listen=pull_addr, recv_max_size=0) as pull:
+        try:
             while True:
                 pull.recv()
                 pulled[0] += 1
+        except pynng.Closed:
+            return
 
-    threading.Thread(target=pull_loop, daemon=True).start()
+    puller = threading.Thread(target=pull_loop)
+    puller.start()
     with pynng.Rep0(listen=rep_addr) as rep:
         while True:
             msg = rep.recv()
@@ -78,9 +82,11 @@ def raw_server(rep_addr: str, pull_addr: str) -> None:
                 rep.send(str(pulled[0]).encode())
             elif msg == b"stop":
                 rep.send(b"bye")  # not empty: pynng 0.9 cannot receive an empty message
-                return
+                break
             else:
                 rep.send(msg)
+    pull.close()  # before exit: nng must not be torn down under a thread still inside recv
+    puller.join()
 
 
 def serve_actor_process(config_path: str) -> None:
@@ -139,6 +145,30 @@ async def runtime_bulk(group, blob: bytes, count: int) -> float:
     return size * count / (time.perf_counter() - t0) / 1e6
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU time (user + system, all threads) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU per operation of this process (the caller) and of one server process, summed over blocks."""
+
+    def __init__(self, server_pid: int):
+        self.server_pid, self.client_s, self.server_s, self.ops = server_pid, 0.0, 0.0, 0
+
+    def start(self) -> None:
+        self._c0, self._s0 = time.process_time(), process_cpu_s(self.server_pid)
+
+    def stop(self, ops: int) -> None:
+        self.client_s += time.process_time() - self._c0
+        self.server_s += process_cpu_s(self.server_pid) - self._s0
+        self.ops += ops
+
+    def per_op_us(self) -> tuple[float, float]:
+        return round(self.client_s / self.ops * 1e6, 1), round(self.server_s / self.ops * 1e6, 1)
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -151,6 +181,8 @@ def main() -> None:
     parser.add_argument("--bulk-mb", type=float, default=4.0, help="size of one bulk message (MiB)")
     parser.add_argument("--bulk-count", type=int, default=48, help="bulk messages per measurement")
     parser.add_argument("--bulk-rounds", type=int, default=3)
+    parser.add_argument("--spin-us", type=float, default=None,
+                        help="[transport] poll_spin_us of the runtime (default: the config default)")
     parser.add_argument("--serve-raw", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--serve-actor", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -160,7 +192,8 @@ def main() -> None:
         return serve_actor_process(args.serve_actor)
 
     base = Path(tempfile.mkdtemp(prefix="t1cp-"))
-    config = parse_config({"run": {"id": "bench", "dir": str(base), "hmac_key": KEY},
+    transport = {} if args.spin_us is None else {"poll_spin_us": args.spin_us}
+    config = parse_config({"run": {"id": "bench", "dir": str(base), "hmac_key": KEY}, "transport": transport,
                            "actors": [{"name": "bench-0", "role": "bench",
                                        "actor_class": "bench.control_plane:BenchEcho"}]})
     cfg_path = base / "run.json"
@@ -170,7 +203,7 @@ def main() -> None:
     procs = [subprocess.Popen(me + ["--serve-raw", rep_addr, pull_addr]),
              subprocess.Popen(me + ["--serve-actor", str(cfg_path)], stderr=subprocess.DEVNULL)]
     try:
-        result = trio.run(measure, args, config, rep_addr, pull_addr)
+        result = trio.run(measure, args, config, rep_addr, pull_addr, procs[0].pid, procs[1].pid)
     finally:
         for proc in procs:
             proc.terminate()
@@ -180,7 +213,7 @@ def main() -> None:
     print(json.dumps(result))
 
 
-async def measure(args, config, rep_addr: str, pull_addr: str) -> dict:
+async def measure(args, config, rep_addr: str, pull_addr: str, raw_pid: int, actor_pid: int) -> dict:
     req = pynng.Req0(recv_max_size=0)
     req.dial(rep_addr, block=False)
     push = pynng.Push0()
@@ -197,10 +230,15 @@ async def measure(args, config, rep_addr: str, pull_addr: str) -> dict:
         raw_rtt_block(req, 50)  # warm both paths
         await runtime_rtt_block(group, 50)
         raw, rt = [], []
+        raw_cpu, rt_cpu = CpuMeter(raw_pid), CpuMeter(actor_pid)
         per_block = max(1, args.calls // args.blocks)
         for _ in range(args.blocks):
+            raw_cpu.start()
             raw += raw_rtt_block(req, per_block)
+            raw_cpu.stop(per_block)
+            rt_cpu.start()
             rt += await runtime_rtt_block(group, per_block)
+            rt_cpu.stop(per_block)
         blob = os.urandom(int(args.bulk_mb * (1 << 20)))
         raw_bulk(req, push, blob, 4)
         await runtime_bulk(group, blob, 4)
@@ -220,6 +258,8 @@ async def measure(args, config, rep_addr: str, pull_addr: str) -> dict:
         "bulk_ratio": round(rt_bulk_mbps / raw_bulk_mbps, 3),
         "rtt_p50_us": round(rt_p50 * 1e6, 1), "raw_rtt_p50_us": round(raw_p50 * 1e6, 1),
         "raw_rtt_p99_ms": round(pct(raw, 0.99) * 1e3, 3),
+        # CPU per round trip (caller, server), all threads: the busy-poll's cost shows here.
+        "rtt_cpu_us": rt_cpu.per_op_us(), "raw_rtt_cpu_us": raw_cpu.per_op_us(),
         "bulk_MBps": round(rt_bulk_mbps, 1), "raw_bulk_MBps": round(raw_bulk_mbps, 1),
         "calls": len(rt), "bulk_message_MiB": args.bulk_mb, "bulk_count": args.bulk_count,
         "transport": "ipc", "cpus": os.cpu_count(), "load_average": round(os.getloadavg()[0], 1),

@@ -1,18 +1,33 @@
-"""A raw-mode nng Rep0 socket driven through its pollable fds (pynng does not wrap raw sockets).
+"""pynng sockets driven through their pollable fds, with a short busy-poll before parking.
 
-Raw mode lets one socket hold any number of requests at once: each request carries its routing
-header (pipe id and request id) and the reply is sent with the same header. Receiving through the
-socket's recv fd lets trio's epoll wake the server directly, without pynng's per-operation callback
-thread hop; the reply send never blocks (a bounded send buffer, and a wait on the send fd when full).
+Waiting: an operation is first tried without blocking; if nothing is there yet and no other task of
+this trio run is runnable, it is retried for up to ``spin_s`` (the thread yields the CPU between tries,
+so nng's own threads, which deliver the message, run first), and only then parked on the socket's fd
+in trio's epoll. Parking and waking through nng's pollable fd costs about as much as the whole
+synchronous round trip on a small machine, and a control-plane reply usually arrives within a few
+hundred microseconds, so the poll pays for itself; the spin is bounded (and by the caller's
+deadline), and with ``spin_s=0`` every wait parks at once.
+
+``RawRep``: a raw-mode Rep0 socket (pynng does not wrap raw sockets). Raw mode lets one socket hold
+any number of requests at once: each request carries its routing header (pipe id and request id) and
+the reply is sent with the same header. ``PolledReq``: a cooked Req0 socket, one request at a time.
 """
 
 from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pynng
 import trio
 from pynng._nng import ffi, lib
 
 _NONBLOCK = lib.NNG_FLAG_NONBLOCK
+_NO_RESEND_MS = 24 * 3600 * 1000  # nng would otherwise resend after 60 s: a duplicate we reject as a replay
+
+T = TypeVar("T")
 
 
 def close_polled(sock: pynng.Socket, *fds: int) -> None:
@@ -25,32 +40,65 @@ def close_polled(sock: pynng.Socket, *fds: int) -> None:
     sock.close()
 
 
+async def poll_then_wait(attempt: Callable[[], T | None], fd: int, spin_s: float) -> T:
+    """The first non-None ``attempt()``: tried at once, then busy-polled for up to ``spin_s`` while
+    the loop has nothing else to run, then each time ``fd`` turns readable."""
+    result = attempt()
+    if result is None and spin_s > 0 and trio.lowlevel.current_statistics().tasks_runnable == 0:
+        spin_s = min(spin_s, trio.current_effective_deadline() - trio.current_time())
+        end = time.perf_counter() + spin_s
+        while result is None and time.perf_counter() < end:
+            os.sched_yield()  # let the threads that bring the message (nng's, the peer's) run
+            result = attempt()
+    while result is None:
+        await trio.lowlevel.wait_readable(fd)
+        result = attempt()
+    return result
+
+
+def _try_recv_body(sock: pynng.Socket, msg_p) -> bytes | None:
+    """The body of the next message, or None when there is none yet (no exception on the hot path)."""
+    rv = lib.nng_recvmsg(sock.socket, msg_p, _NONBLOCK)
+    if rv != 0:
+        if rv != lib.NNG_EAGAIN:
+            pynng.exceptions.check_err(rv)
+        return None
+    msg = msg_p[0]
+    try:
+        return ffi.buffer(lib.nng_msg_body(msg), lib.nng_msg_len(msg))[:]
+    finally:
+        lib.nng_msg_free(msg)
+
+
 class RawRep:
-    def __init__(self, *, max_bytes: int, send_buffer: int = 256):
+    def __init__(self, *, max_bytes: int, send_buffer: int = 256, spin_s: float = 0.0):
         self.sock = pynng.Rep0(opener=lib.nng_rep0_open_raw, recv_max_size=max_bytes,
                                send_buffer_size=send_buffer)
         self.recv_fd, self.send_fd = self.sock.recv_fd, self.sock.send_fd
+        self._spin_s = spin_s
+        self._msg_p = ffi.new("nng_msg **")
 
     def listen(self, address: str) -> None:
         self.sock.listen(address)
 
-    async def receive(self) -> tuple[bytes, bytes]:
-        """The next request: (routing header, body)."""
-        msg_p = ffi.new("nng_msg **")
-        while True:
-            rv = lib.nng_recvmsg(self.sock.socket, msg_p, _NONBLOCK)
-            if rv == 0:
-                break
+    def _try_receive(self) -> tuple[bytes, bytes] | None:
+        msg_p = self._msg_p
+        rv = lib.nng_recvmsg(self.sock.socket, msg_p, _NONBLOCK)
+        if rv != 0:
             if rv != lib.NNG_EAGAIN:
                 pynng.exceptions.check_err(rv)
-            await trio.lowlevel.wait_readable(self.recv_fd)
+            return None
         msg = msg_p[0]
         try:
-            header = bytes(ffi.buffer(lib.nng_msg_header(msg), lib.nng_msg_header_len(msg)))
-            body = bytes(ffi.buffer(lib.nng_msg_body(msg), lib.nng_msg_len(msg)))
+            header = ffi.buffer(lib.nng_msg_header(msg), lib.nng_msg_header_len(msg))[:]
+            body = ffi.buffer(lib.nng_msg_body(msg), lib.nng_msg_len(msg))[:]
         finally:
             lib.nng_msg_free(msg)
         return header, body
+
+    async def receive(self) -> tuple[bytes, bytes]:
+        """The next request: (routing header, body)."""
+        return await poll_then_wait(self._try_receive, self.recv_fd, self._spin_s)
 
     def try_reply(self, header: bytes, body: bytes) -> bool:
         """Send the reply routed by ``header`` if the send buffer has room (nng drops it if the caller
@@ -72,6 +120,38 @@ class RawRep:
         """``try_reply``, waiting for room in the send buffer as long as it takes."""
         while not self.try_reply(header, body):
             await trio.lowlevel.wait_readable(self.send_fd)
+
+    def close(self) -> None:
+        close_polled(self.sock, self.recv_fd, self.send_fd)
+
+
+class PolledReq:
+    """One cooked Req0 socket: one request at a time, woken through trio's epoll (not pynng's
+    callback thread, whose hop doubles a round trip)."""
+
+    def __init__(self, address: str, max_bytes: int, spin_s: float = 0.0):
+        self.sock = pynng.Req0(recv_max_size=max_bytes, resend_time=_NO_RESEND_MS)
+        self.sock.dial(address, block=False)  # connects (and reconnects) in the background
+        self.recv_fd, self.send_fd = self.sock.recv_fd, self.sock.send_fd
+        self._spin_s = spin_s
+        self._msg_p = ffi.new("nng_msg **")
+
+    def _try_send(self, frame: bytes) -> bool | None:
+        try:
+            self.sock.send(frame, block=False)
+            return True
+        except pynng.TryAgain:  # not connected yet, or the pipe is busy
+            return None
+
+    def _try_recv(self) -> bytes | None:
+        return _try_recv_body(self.sock, self._msg_p)
+
+    async def request(self, frame: bytes) -> bytes:
+        # A new request on a cooked Req0 socket abandons any earlier one (e.g. one whose deadline
+        # passed): its late reply is discarded by nng, so a socket is reusable after a cancel.
+        if not self._try_send(frame):
+            await poll_then_wait(lambda: self._try_send(frame), self.send_fd, 0.0)
+        return await poll_then_wait(self._try_recv, self.recv_fd, self._spin_s)
 
     def close(self) -> None:
         close_polled(self.sock, self.recv_fd, self.send_fd)

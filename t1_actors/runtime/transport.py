@@ -30,14 +30,13 @@ from schemas.messages import ErrorReply
 
 from .auth import BULK, REPLY, REQUEST, Opener, Sealer
 from .errors import AuthError, DeadlineExceeded
-from .nngraw import RawRep, close_polled
+from .nngraw import PolledReq, RawRep
 from .wire import RawEnvelope, pack_envelope, unpack_envelope
 
 Handler = Callable[[RawEnvelope], Awaitable[Record]]
 BulkHandler = Callable[[RawEnvelope], Awaitable[None]]
 
 _BULK_QUEUE = 8  # bulk messages queued on each side, so sealing, moving and checking overlap
-_NO_RESEND_MS = 24 * 3600 * 1000  # nng would otherwise resend after 60 s: a duplicate we reject as a replay
 
 
 class RejectLog:
@@ -75,14 +74,16 @@ class ControlServer:
     """Serves authenticated requests addressed to ``name``; each in its own task and nng context."""
 
     def __init__(self, name: str, address: str, sealer: Sealer, opener: Opener, *, max_bytes: int,
-                 rejects: RejectLog):
+                 rejects: RejectLog, spin_s: float = 0.0):
         self.name, self.address = name, address
         self._sealer, self._opener, self._max_bytes, self.rejects = sealer, opener, max_bytes, rejects
+        self._spin_s = spin_s
+        self._unstarted = 0  # handlers spawned that have not run yet
         self._accepting = trio.CancelScope()
 
     async def serve(self, handle: Handler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until ``stop_accepting()``; then return once every request in flight has been answered."""
-        sock = RawRep(max_bytes=self._max_bytes)
+        sock = RawRep(max_bytes=self._max_bytes, spin_s=self._spin_s)
         _listen(sock.sock, self.address, f"actor {self.name!r} control")
         try:
             async with trio.open_nursery() as handlers:
@@ -90,7 +91,12 @@ class ControlServer:
                 with self._accepting:
                     while True:
                         header, frame = await sock.receive()
+                        self._unstarted += 1
                         handlers.start_soon(self._serve_one, sock, header, frame, handle)
+                        # Let the handler take its first step before polling for the next request: a
+                        # quick one has replied by then, and a poll must not hold up the handler.
+                        while self._unstarted:
+                            await trio.lowlevel.checkpoint()
         finally:
             sock.close()
 
@@ -98,6 +104,7 @@ class ControlServer:
         self._accepting.cancel()
 
     async def _serve_one(self, sock: RawRep, header: bytes, frame: bytes, handle: Handler) -> None:
+        self._unstarted -= 1
         try:
             env = unpack_envelope(self._opener.open(REQUEST, frame))
             if env.dest != self.name:
@@ -113,44 +120,17 @@ class ControlServer:
                 await sock.reply(header, frame)
 
 
-class _ReqSocket:
-    """One cooked Req0 socket driven through its pollable fds: trio's epoll wakes the caller directly,
-    without the callback thread hop of pynng's async API (which doubles a round trip)."""
-
-    def __init__(self, address: str, max_bytes: int):
-        self.sock = pynng.Req0(recv_max_size=max_bytes, resend_time=_NO_RESEND_MS)
-        self.sock.dial(address, block=False)  # connects (and reconnects) in the background
-        self.recv_fd, self.send_fd = self.sock.recv_fd, self.sock.send_fd
-
-    async def request(self, frame: bytes) -> bytes:
-        # A new request on a cooked Req0 socket abandons any earlier one (e.g. one whose deadline
-        # passed): its late reply is discarded by nng, so a socket is reusable after a cancel.
-        while True:
-            try:
-                self.sock.send(frame, block=False)
-                break
-            except pynng.TryAgain:  # not connected yet, or the pipe is busy
-                await trio.lowlevel.wait_readable(self.send_fd)
-        while True:
-            try:
-                return self.sock.recv(block=False)
-            except pynng.TryAgain:
-                await trio.lowlevel.wait_readable(self.recv_fd)
-
-    def close(self) -> None:
-        close_polled(self.sock, self.recv_fd, self.send_fd)
-
-
 class ControlClient:
     """Calls one peer. Safe to share between tasks: each call in flight uses its own socket from a
     pool (one connection each); idle sockets are kept for the next call."""
 
     def __init__(self, me: str, peer: str, address: str, sealer: Sealer, opener: Opener, *, max_bytes: int,
-                 rejects: RejectLog):
+                 rejects: RejectLog, spin_s: float = 0.0):
         self.me, self.peer, self.address = me, peer, address
         self._sealer, self._opener, self.rejects, self._max_bytes = sealer, opener, rejects, max_bytes
-        self._idle: list[_ReqSocket] = [_ReqSocket(address, max_bytes)]  # start connecting now
-        self._busy: set[_ReqSocket] = set()
+        self._spin_s = spin_s
+        self._idle: list[PolledReq] = [self._new_socket()]  # start connecting now
+        self._busy: set[PolledReq] = set()
         self._closed = False
 
     async def call(self, record: Record, deadline_s: float | None) -> Record:
@@ -160,7 +140,7 @@ class ControlClient:
         op = record.kind
         msg_id = os.urandom(8)
         frame = self._sealer.seal(REQUEST, pack_envelope(self.me, self.peer, record, msg_id))
-        sock = self._idle.pop() if self._idle else _ReqSocket(self.address, self._max_bytes)
+        sock = self._idle.pop() if self._idle else self._new_socket()
         self._busy.add(sock)
         try:
             limit = math.inf if deadline_s is None else deadline_s
@@ -181,6 +161,9 @@ class ControlClient:
                 sock.close()
             else:
                 self._idle.append(sock)
+
+    def _new_socket(self) -> PolledReq:
+        return PolledReq(self.address, self._max_bytes, self._spin_s)
 
     def close(self) -> None:
         self._closed = True
