@@ -40,20 +40,52 @@ def close_polled(sock: pynng.Socket, *fds: int) -> None:
     sock.close()
 
 
-async def poll_then_wait(attempt: Callable[[], T | None], fd: int, spin_s: float) -> T:
-    """The first non-None ``attempt()``: tried at once, then busy-polled for up to ``spin_s`` while
-    the loop has nothing else to run, then each time ``fd`` turns readable."""
+_FAIRNESS_S = 0.001  # a task whose waits are all answered by polling still yields this often
+
+
+class _Yields:
+    last = 0.0  # perf_counter of the last time a wait here let the rest of the trio run go first
+
+
+def poll(attempt: Callable[[], T | None], spin_s: float) -> T | None:
+    """``attempt()`` at once, then busy-polled for up to ``spin_s`` while no other task of this trio run
+    is runnable (the CPU is yielded between tries); None when nothing came."""
     result = attempt()
     if result is None and spin_s > 0 and trio.lowlevel.current_statistics().tasks_runnable == 0:
-        spin_s = min(spin_s, trio.current_effective_deadline() - trio.current_time())
         end = time.perf_counter() + spin_s
         while result is None and time.perf_counter() < end:
             os.sched_yield()  # let the threads that bring the message (nng's, the peer's) run
             result = attempt()
-    while result is None:
-        await trio.lowlevel.wait_readable(fd)
-        result = attempt()
     return result
+
+
+async def wait_for(attempt: Callable[[], T | None], fd: int) -> T:
+    """``attempt()`` each time ``fd`` turns readable, until it returns a value."""
+    while True:
+        await trio.lowlevel.wait_readable(fd)
+        _Yields.last = time.perf_counter()
+        result = attempt()
+        if result is not None:
+            return result
+
+
+async def poll_then_wait(attempt: Callable[[], T | None], fd: int, spin_s: float) -> T:
+    """``poll``, then ``wait_for``; the caller's deadline bounds the poll, and a task answered by
+    polling still lets the others run at least every millisecond (timers, I/O, cancellation)."""
+    spin_s = min(spin_s, trio.current_effective_deadline() - trio.current_time())
+    result = poll(attempt, spin_s)
+    if result is None:
+        return await wait_for(attempt, fd)
+    await fair_share()
+    return result
+
+
+async def fair_share() -> None:
+    """A schedule point, at most every millisecond: for waits that polling answered without one."""
+    now = time.perf_counter()
+    if now - _Yields.last > _FAIRNESS_S:
+        _Yields.last = now
+        await trio.lowlevel.checkpoint()
 
 
 def _try_recv_body(sock: pynng.Socket, msg_p) -> bytes | None:
@@ -146,12 +178,25 @@ class PolledReq:
     def _try_recv(self) -> bytes | None:
         return _try_recv_body(self.sock, self._msg_p)
 
-    async def request(self, frame: bytes) -> bytes:
+    async def request(self, frame: bytes, deadline: float) -> bytes | None:
+        """Send ``frame`` and return the reply; None once ``deadline`` (trio's clock) has passed. A reply
+        that comes while polling costs no cancel scope (the deadline bounds the poll instead)."""
         # A new request on a cooked Req0 socket abandons any earlier one (e.g. one whose deadline
         # passed): its late reply is discarded by nng, so a socket is reusable after a cancel.
-        if not self._try_send(frame):
-            await poll_then_wait(lambda: self._try_send(frame), self.send_fd, 0.0)
-        return await poll_then_wait(self._try_recv, self.recv_fd, self._spin_s)
+        if self._try_send(frame) is None:
+            with trio.move_on_at(deadline) as sending:
+                await wait_for(lambda: self._try_send(frame), self.send_fd)
+            if sending.cancelled_caught:
+                return None
+        spin_s = min(self._spin_s, deadline - trio.current_time(),
+                     trio.current_effective_deadline() - trio.current_time())
+        reply = poll(self._try_recv, spin_s)
+        if reply is not None:
+            await fair_share()
+            return reply
+        with trio.move_on_at(deadline):
+            return await wait_for(self._try_recv, self.recv_fd)
+        return None
 
     def close(self) -> None:
         close_polled(self.sock, self.recv_fd, self.send_fd)

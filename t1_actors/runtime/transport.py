@@ -144,17 +144,17 @@ class ControlClient:
         self._busy.add(sock)
         try:
             limit = math.inf if deadline_s is None else deadline_s
-            with trio.move_on_after(limit):
-                reply = await sock.request(frame)
-                try:
-                    env = unpack_envelope(self._opener.open(REPLY, reply))
-                    if env.reply_to != msg_id or env.dest != self.me or env.sender != self.peer:
-                        raise AuthError("mismatched_reply", f"reply to another request or from {env.sender!r}")
-                    return env.record()
-                except AuthError as exc:
-                    self.rejects.note(exc, self.peer)
-                    return ErrorReply(error="ReplyRejected", detail=f"reply from {self.peer!r} rejected: {exc}")
-            raise DeadlineExceeded(self.peer, op, limit)
+            reply = await sock.request(frame, trio.current_time() + limit)
+            if reply is None:
+                raise DeadlineExceeded(self.peer, op, limit)
+            try:
+                env = unpack_envelope(self._opener.open(REPLY, reply))
+                if env.reply_to != msg_id or env.dest != self.me or env.sender != self.peer:
+                    raise AuthError("mismatched_reply", f"reply to another request or from {env.sender!r}")
+                return env.record()
+            except AuthError as exc:
+                self.rejects.note(exc, self.peer)
+                return ErrorReply(error="ReplyRejected", detail=f"reply from {self.peer!r} rejected: {exc}")
         finally:
             self._busy.discard(sock)
             if self._closed:
