@@ -243,9 +243,14 @@ async def measure(args, config, rep_addr: str, pull_addr: str, raw_pid: int, act
         raw_bulk(req, push, blob, 4)
         await runtime_bulk(group, blob, 4)
         raw_mbps, rt_mbps = [], []
+        raw_bulk_cpu, rt_bulk_cpu = CpuMeter(raw_pid), CpuMeter(actor_pid)
         for _ in range(args.bulk_rounds):
+            raw_bulk_cpu.start()
             raw_mbps.append(raw_bulk(req, push, blob, args.bulk_count))
+            raw_bulk_cpu.stop(args.bulk_count)
+            rt_bulk_cpu.start()
             rt_mbps.append(await runtime_bulk(group, blob, args.bulk_count))
+            rt_bulk_cpu.stop(args.bulk_count)
     req.send(b"stop")
     req.recv()
     req.close()
@@ -261,6 +266,9 @@ async def measure(args, config, rep_addr: str, pull_addr: str, raw_pid: int, act
         # CPU per round trip (caller, server), all threads: the busy-poll's cost shows here.
         "rtt_cpu_us": rt_cpu.per_op_us(), "raw_rtt_cpu_us": raw_cpu.per_op_us(),
         "bulk_MBps": round(rt_bulk_mbps, 1), "raw_bulk_MBps": round(raw_bulk_mbps, 1),
+        # CPU per bulk message (sender, receiver), all threads
+        "bulk_cpu_ms": [round(v / 1e3, 2) for v in rt_bulk_cpu.per_op_us()],
+        "raw_bulk_cpu_ms": [round(v / 1e3, 2) for v in raw_bulk_cpu.per_op_us()],
         "calls": len(rt), "bulk_message_MiB": args.bulk_mb, "bulk_count": args.bulk_count,
         "transport": "ipc", "cpus": os.cpu_count(), "load_average": round(os.getloadavg()[0], 1),
         "targets_met": rt_p50 / raw_p50 <= 1.5 and rt_bulk_mbps / raw_bulk_mbps >= 0.8,

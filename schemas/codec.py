@@ -57,6 +57,14 @@ def pack(value: Any) -> bytes:
     return msgpack.packb(value, default=_default, use_bin_type=True)
 
 
+def pack_view(value: Any) -> memoryview:
+    """``pack`` into a buffer that is returned as is (no final copy into a bytes object): for large
+    messages that go on to be copied into a socket's message anyway."""
+    packer = msgpack.Packer(default=_default, use_bin_type=True, autoreset=False)
+    packer.pack(value)
+    return packer.getbuffer()
+
+
 def unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
 

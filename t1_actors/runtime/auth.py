@@ -62,15 +62,22 @@ class Sealer:
     def __init__(self, key: bytes):
         self._mac = _HmacSha256(key)
 
-    async def aseal(self, channel: bytes, body: bytes) -> bytes:
-        """``seal`` that MACs a large body in a worker thread, keeping the event loop responsive."""
-        if len(body) < OFFLOAD_BYTES:
-            return self.seal(channel, body)
-        return await trio.to_thread.run_sync(self.seal, channel, body)
-
     def seal(self, channel: bytes, body: bytes) -> bytes:
+        """The whole frame: header and body."""
+        return self.header(channel, body) + body
+
+    def header(self, channel: bytes, body) -> bytes:
+        """The 60-byte header that seals ``body`` (any buffer), for a sender that places the two into
+        one message itself instead of joining them (a copy of a large body saved)."""
         prefix = MAGIC + channel + struct.pack(">Q", time.time_ns()) + os.urandom(16)
-        return b"".join((prefix, self._mac.digest(prefix, body), body))
+        return prefix + self._mac.digest(prefix, body)
+
+    async def aheader(self, channel: bytes, body) -> bytes:
+        """``header`` that MACs a large body in a worker thread (hashlib releases the GIL), keeping the
+        event loop responsive."""
+        if len(body) < OFFLOAD_BYTES:
+            return self.header(channel, body)
+        return await trio.to_thread.run_sync(self.header, channel, body)
 
 
 class Opener:
@@ -82,12 +89,13 @@ class Opener:
         self._seen: set[bytes] = set()
         self._order: deque[tuple[int, bytes]] = deque()
 
-    def open(self, channel: bytes, frame: bytes) -> memoryview:
-        """The body of an authentic, fresh frame; AuthError(reason) otherwise."""
+    def open(self, channel: bytes, frame) -> memoryview:
+        """The body of an authentic, fresh frame (any buffer: bytes, or a view of an nng message, read
+        in place); AuthError(reason) otherwise."""
         self._check_mac(channel, frame)
         return self._check_fresh(frame)
 
-    async def aopen(self, channel: bytes, frame: bytes) -> memoryview:
+    async def aopen(self, channel: bytes, frame) -> memoryview:
         """``open`` that checks the MAC of a large frame in a worker thread (hashlib releases the GIL),
         so that verifying a bulk payload does not stall the event loop (heartbeats, pings)."""
         if len(frame) < OFFLOAD_BYTES:
@@ -95,23 +103,24 @@ class Opener:
         await trio.to_thread.run_sync(self._check_mac, channel, frame)
         return self._check_fresh(frame)  # the nonce book is only touched from the trio thread
 
-    def _check_mac(self, channel: bytes, frame: bytes) -> None:
-        if len(frame) < _HEADER:
-            raise AuthError("short", f"{len(frame)} bytes, a frame has at least {_HEADER}")
+    def _check_mac(self, channel: bytes, frame) -> None:
         view = memoryview(frame)
-        if frame[:3] != MAGIC:
+        if len(view) < _HEADER:
+            raise AuthError("short", f"{len(view)} bytes, a frame has at least {_HEADER}")
+        if view[:3] != MAGIC:
             raise AuthError("unsigned", "no t1 frame header")
-        if frame[3:4] != channel:
-            raise AuthError("wrong_channel", f"{bytes(frame[3:4])!r} frame on the {channel!r} channel")
-        if not hmac.compare_digest(self._mac.digest(view[:_PREFIX], view[_HEADER:]), frame[_PREFIX:_HEADER]):
+        if view[3:4] != channel:
+            raise AuthError("wrong_channel", f"{bytes(view[3:4])!r} frame on the {channel!r} channel")
+        if not hmac.compare_digest(self._mac.digest(view[:_PREFIX], view[_HEADER:]), view[_PREFIX:_HEADER]):
             raise AuthError("bad_mac", "forged, corrupted or signed with another run's key")
 
-    def _check_fresh(self, frame: bytes) -> memoryview:
-        sent_ns = struct.unpack_from(">Q", frame, 4)[0]
+    def _check_fresh(self, frame) -> memoryview:
+        view = memoryview(frame)
+        sent_ns = struct.unpack_from(">Q", view, 4)[0]
         now = time.time_ns()
         if abs(now - sent_ns) > self._max_age_ns:
             raise AuthError("stale", f"sent {(now - sent_ns) / 1e9:+.1f}s ago, outside the replay window")
-        nonce = bytes(frame[12:28])
+        nonce = bytes(view[12:28])
         self._forget_before(now - self._max_age_ns)
         if nonce in self._seen:
             raise AuthError("replayed", "nonce already accepted")
@@ -119,7 +128,7 @@ class Opener:
             raise AuthError("flood", "too many fresh nonces in the replay window")
         self._seen.add(nonce)
         self._order.append((sent_ns, nonce))
-        return memoryview(frame)[_HEADER:]
+        return view[_HEADER:]
 
     def _forget_before(self, horizon_ns: int) -> None:
         # Nonces are dropped by send time; a frame older than the horizon is rejected as stale anyway.

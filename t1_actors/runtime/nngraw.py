@@ -200,3 +200,79 @@ class PolledReq:
 
     def close(self) -> None:
         close_polled(self.sock, self.recv_fd, self.send_fd)
+
+
+class NngMessage:
+    """A received nng message, read in place: ``body`` is a view of nng's own buffer (no copy into
+    Python), valid until ``free()``; nothing that refers to it may outlive that call."""
+
+    __slots__ = ("_msg", "body")
+
+    def __init__(self, msg):
+        self._msg = msg
+        self.body = ffi.buffer(lib.nng_msg_body(msg), lib.nng_msg_len(msg))
+
+    def free(self) -> None:
+        if self._msg is not None:
+            self.body = None
+            lib.nng_msg_free(self._msg)
+            self._msg = None
+
+
+class PolledPull:
+    """A Pull0 socket whose messages are taken without a copy (``NngMessage``), woken through trio's epoll."""
+
+    def __init__(self, *, max_bytes: int, recv_buffer: int):
+        self.sock = pynng.Pull0(recv_max_size=max_bytes, recv_buffer_size=recv_buffer)
+        self.recv_fd = self.sock.recv_fd
+        self._msg_p = ffi.new("nng_msg **")
+
+    def _try_receive(self) -> NngMessage | None:
+        rv = lib.nng_recvmsg(self.sock.socket, self._msg_p, _NONBLOCK)
+        if rv != 0:
+            if rv != lib.NNG_EAGAIN:
+                pynng.exceptions.check_err(rv)
+            return None
+        return NngMessage(self._msg_p[0])
+
+    async def receive(self) -> NngMessage:
+        """The next message; the caller frees it."""
+        return await poll_then_wait(self._try_receive, self.recv_fd, 0.0)
+
+    def close(self) -> None:
+        close_polled(self.sock, self.recv_fd)
+
+
+class PolledPush:
+    """A Push0 socket that sends a message assembled from parts with one copy (into nng's message),
+    waiting through trio's epoll while the receiver's queue is full (as long as it takes)."""
+
+    def __init__(self, address: str, *, send_buffer: int):
+        self.sock = pynng.Push0(send_buffer_size=send_buffer)
+        self.sock.dial(address, block=False)  # connects (and reconnects) in the background
+        self.send_fd = self.sock.send_fd
+
+    async def send(self, *parts) -> None:
+        msg_p = ffi.new("nng_msg **")
+        sizes = [memoryview(part).nbytes for part in parts]
+        pynng.exceptions.check_err(lib.nng_msg_alloc(msg_p, sum(sizes)))
+        msg = msg_p[0]
+        try:
+            at = ffi.cast("char *", lib.nng_msg_body(msg))
+            for part, size in zip(parts, sizes):
+                ffi.memmove(at, part, size)
+                at += size
+            while True:
+                rv = lib.nng_sendmsg(self.sock.socket, msg, _NONBLOCK)
+                if rv == 0:
+                    msg = None  # nng owns it now
+                    return
+                if rv != lib.NNG_EAGAIN:
+                    pynng.exceptions.check_err(rv)
+                await trio.lowlevel.wait_readable(self.send_fd)
+        finally:
+            if msg is not None:
+                lib.nng_msg_free(msg)
+
+    def close(self) -> None:
+        close_polled(self.sock, self.send_fd)

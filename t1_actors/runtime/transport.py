@@ -30,8 +30,8 @@ from schemas.messages import ErrorReply
 
 from .auth import BULK, REPLY, REQUEST, Opener, Sealer
 from .errors import AuthError, DeadlineExceeded
-from .nngraw import PolledReq, RawRep
-from .wire import RawEnvelope, pack_envelope, unpack_envelope
+from .nngraw import PolledPull, PolledPush, PolledReq, RawRep
+from .wire import RawEnvelope, pack_envelope, pack_envelope_view, unpack_envelope
 
 Handler = Callable[[RawEnvelope], Awaitable[Record]]
 BulkHandler = Callable[[RawEnvelope], Awaitable[None]]
@@ -173,44 +173,53 @@ class ControlClient:
 
 
 class BulkInbox:
-    """Receives bulk messages addressed to ``name`` and hands them to ``handle`` one at a time, in order."""
+    """Receives bulk messages addressed to ``name`` and hands them to ``handle`` one at a time, in order.
+    A message is checked and decoded in place, in nng's buffer (no copy of it into Python first)."""
 
     def __init__(self, name: str, address: str, opener: Opener, *, max_bytes: int, rejects: RejectLog):
         self.name, self.address = name, address
         self._opener, self._max_bytes, self.rejects = opener, max_bytes, rejects
 
     async def serve(self, handle: BulkHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        sock = pynng.Pull0(recv_max_size=self._max_bytes, recv_buffer_size=_BULK_QUEUE)
-        _listen(sock, self.address, f"actor {self.name!r} bulk")
+        sock = PolledPull(max_bytes=self._max_bytes, recv_buffer=_BULK_QUEUE)
+        _listen(sock.sock, self.address, f"actor {self.name!r} bulk")
         try:
             task_status.started()
             while True:
-                frame = await sock.arecv()
-                try:
-                    env = unpack_envelope(await self._opener.aopen(BULK, frame))
-                    if env.dest != self.name:
-                        raise AuthError("misaddressed", f"for {env.dest!r}, this is {self.name!r}")
-                except AuthError as exc:
-                    self.rejects.note(exc)
-                    continue
-                del frame
-                await handle(env)
+                env = await self._next(sock)
+                if env is not None:
+                    await handle(env)
         finally:
             sock.close()
 
+    async def _next(self, sock: PolledPull) -> RawEnvelope | None:
+        """The next authentic envelope addressed here (its record decoded into Python objects that own
+        their data), or None for a rejected frame. The nng message is freed before returning."""
+        msg = await sock.receive()
+        try:
+            env = unpack_envelope(await self._opener.aopen(BULK, msg.body))
+            if env.dest != self.name:
+                raise AuthError("misaddressed", f"for {env.dest!r}, this is {self.name!r}")
+            return env
+        except AuthError as exc:
+            self.rejects.note(exc)
+            return None
+        finally:
+            msg.free()
+
 
 class BulkOutbox:
-    """Pushes bulk messages to one peer's inbox; a push waits until nng has taken the message."""
+    """Pushes bulk messages to one peer's inbox; a push waits until nng has taken the message. The
+    body is encoded once and copied once, into the nng message, behind its 60-byte sealed header."""
 
     def __init__(self, me: str, peer: str, address: str, sealer: Sealer):
         self.me, self.peer, self.address = me, peer, address
         self._sealer = sealer
-        self._sock = pynng.Push0(send_buffer_size=_BULK_QUEUE)
-        self._sock.dial(address, block=False)
+        self._sock = PolledPush(address, send_buffer=_BULK_QUEUE)
 
     async def push(self, record: Record) -> None:
-        body = pack_envelope(self.me, self.peer, record, os.urandom(8))
-        await self._sock.asend(await self._sealer.aseal(BULK, body))
+        body = pack_envelope_view(self.me, self.peer, record, os.urandom(8))
+        await self._sock.send(await self._sealer.aheader(BULK, body), body)
 
     def close(self) -> None:
         self._sock.close()
