@@ -66,18 +66,18 @@ class Sealer:
         """The whole frame: header and body."""
         return self.header(channel, body) + body
 
-    def header(self, channel: bytes, body) -> bytes:
-        """The 60-byte header that seals ``body`` (any buffer), for a sender that places the two into
-        one message itself instead of joining them (a copy of a large body saved)."""
+    def header(self, channel: bytes, *body) -> bytes:
+        """The 60-byte header that seals the body given as consecutive buffers, for a sender that
+        places header and body into one message itself instead of joining them (no copy of a large body)."""
         prefix = MAGIC + channel + struct.pack(">Q", time.time_ns()) + os.urandom(16)
-        return prefix + self._mac.digest(prefix, body)
+        return prefix + self._mac.digest(prefix, *body)
 
-    async def aheader(self, channel: bytes, body) -> bytes:
+    async def aheader(self, channel: bytes, *body) -> bytes:
         """``header`` that MACs a large body in a worker thread (hashlib releases the GIL), keeping the
         event loop responsive."""
-        if len(body) < OFFLOAD_BYTES:
-            return self.header(channel, body)
-        return await trio.to_thread.run_sync(self.header, channel, body)
+        if sum(memoryview(part).nbytes for part in body) < OFFLOAD_BYTES:
+            return self.header(channel, *body)
+        return await trio.to_thread.run_sync(self.header, channel, *body)
 
 
 class Opener:

@@ -31,7 +31,7 @@ from schemas.messages import ErrorReply
 from .auth import BULK, REPLY, REQUEST, Opener, Sealer
 from .errors import AuthError, DeadlineExceeded
 from .nngraw import PolledPull, PolledPush, PolledReq, RawRep
-from .wire import RawEnvelope, pack_envelope, pack_envelope_view, unpack_envelope
+from .wire import RawEnvelope, pack_envelope, pack_envelope_parts, unpack_envelope
 
 Handler = Callable[[RawEnvelope], Awaitable[Record]]
 BulkHandler = Callable[[RawEnvelope], Awaitable[None]]
@@ -209,8 +209,9 @@ class BulkInbox:
 
 
 class BulkOutbox:
-    """Pushes bulk messages to one peer's inbox; a push waits until nng has taken the message. The
-    body is encoded once and copied once, into the nng message, behind its 60-byte sealed header."""
+    """Pushes bulk messages to one peer's inbox; a push waits until nng has taken the message. Large
+    bytes and arrays are not copied by encoding: each is copied once, from the record into the nng
+    message, behind the 60-byte sealed header."""
 
     def __init__(self, me: str, peer: str, address: str, sealer: Sealer):
         self.me, self.peer, self.address = me, peer, address
@@ -218,8 +219,8 @@ class BulkOutbox:
         self._sock = PolledPush(address, send_buffer=_BULK_QUEUE)
 
     async def push(self, record: Record) -> None:
-        body = pack_envelope_view(self.me, self.peer, record, os.urandom(8))
-        await self._sock.send(await self._sealer.aheader(BULK, body), body)
+        body = pack_envelope_parts(self.me, self.peer, record, os.urandom(8))
+        await self._sock.send(await self._sealer.aheader(BULK, *body), *body)
 
     def close(self) -> None:
         self._sock.close()

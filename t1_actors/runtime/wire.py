@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas import Record
-from schemas.codec import from_wire, pack, pack_view, to_wire, unpack
+from schemas.codec import from_wire, pack, pack_parts, to_wire, unpack
 
 from .errors import AuthError
 
@@ -15,9 +15,10 @@ def pack_envelope(sender: str, dest: str, record: Record, msg_id: bytes, reply_t
     return pack([sender, dest, msg_id, reply_to, to_wire(record)])
 
 
-def pack_envelope_view(sender: str, dest: str, record: Record, msg_id: bytes) -> memoryview:
-    """``pack_envelope`` without the final copy (bulk: the view is copied once, into the nng message)."""
-    return pack_view([sender, dest, msg_id, b"", to_wire(record)])
+def pack_envelope_parts(sender: str, dest: str, record: Record, msg_id: bytes) -> list:
+    """``pack_envelope`` as buffers that leave large bytes and arrays where they are (bulk: the parts are
+    copied once, into the nng message)."""
+    return pack_parts([sender, dest, msg_id, b"", to_wire(record)])
 
 
 @dataclass(frozen=True, slots=True)
