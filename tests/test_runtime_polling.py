@@ -11,7 +11,7 @@ import pynng
 import pytest
 import trio
 
-from t1_actors.runtime.nngraw import PolledReq
+from t1_actors.runtime.nngraw import PolledReq, Spin
 
 
 @pytest.fixture
@@ -87,3 +87,21 @@ def test_a_missed_deadline_returns_none_and_bounds_the_poll(address, spin_s):
         trio.run(main)
     finally:
         rep.close()
+
+
+def test_spin_backs_off_while_polls_come_up_empty_and_recovers_on_a_hit():
+    spin = Spin(0.001)
+    assert spin.budget() == 0.001
+    parked_at_once = []
+    for _ in range(8):  # every poll comes up empty: the waits that park at once grow 1, 3, 7 ... 63
+        spin.record(False)
+        skipped = 0
+        while spin.budget() == 0.0:
+            skipped += 1
+        parked_at_once.append(skipped)
+    assert parked_at_once == [1, 3, 7, 15, 31, 63, 63, 63]
+    spin.record(True)  # a hit: poll again at once, and a later miss starts the back-off afresh
+    assert spin.budget() == 0.001
+    spin.record(False)
+    assert [spin.budget(), spin.budget()] == [0.0, 0.001]
+    assert Spin(0.0).budget() == 0.0

@@ -6,7 +6,7 @@ so nng's own threads, which deliver the message, run first), and only then parke
 in trio's epoll. Parking and waking through nng's pollable fd costs about as much as the whole
 synchronous round trip on a small machine, and a control-plane reply usually arrives within a few
 hundred microseconds, so the poll pays for itself; the spin is bounded (and by the caller's
-deadline), and with ``spin_s=0`` every wait parks at once.
+deadline), backs off while polls come up empty (``Spin``), and with ``spin_s=0`` every wait parks at once.
 
 ``RawRep``: a raw-mode Rep0 socket (pynng does not wrap raw sockets). Raw mode lets one socket hold
 any number of requests at once: each request carries its routing header (pipe id and request id) and
@@ -15,6 +15,7 @@ the reply is sent with the same header. ``PolledReq``: a cooked Req0 socket, one
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -47,15 +48,47 @@ class _Yields:
     last = 0.0  # perf_counter of the last time a wait here let the rest of the trio run go first
 
 
-def poll(attempt: Callable[[], T | None], spin_s: float) -> T | None:
-    """``attempt()`` at once, then busy-polled for up to ``spin_s`` while no other task of this trio run
-    is runnable (the CPU is yielded between tries); None when nothing came."""
+class Spin:
+    """How long a wait may busy-poll. It backs off while polls come up empty: after n empty polls in a
+    row the next 2**n - 1 waits (at most 63) park at once. On a machine whose cores are all busy a
+    yield hands the CPU to another process for a whole time slice, so polling loses there; and an
+    idle server stops polling for requests that do not come."""
+
+    _MAX_MISSES = 6
+
+    def __init__(self, spin_s: float):
+        self.spin_s = max(0.0, spin_s)
+        self._misses = 0
+        self._skip = 0
+
+    def budget(self) -> float:
+        if self._skip:
+            self._skip -= 1
+            return 0.0
+        return self.spin_s
+
+    def record(self, hit: bool) -> None:
+        if hit:
+            self._misses = 0
+        else:
+            self._misses = min(self._misses + 1, self._MAX_MISSES)
+            self._skip = (1 << self._misses) - 1
+
+
+def poll(attempt: Callable[[], T | None], spin: Spin, limit_s: float = math.inf) -> T | None:
+    """``attempt()`` at once, then busy-polled for up to the spin's budget (and ``limit_s``) while no
+    other task of this trio run is runnable (the CPU is yielded between tries); None when nothing came."""
     result = attempt()
-    if result is None and spin_s > 0 and trio.lowlevel.current_statistics().tasks_runnable == 0:
-        end = time.perf_counter() + spin_s
-        while result is None and time.perf_counter() < end:
-            os.sched_yield()  # let the threads that bring the message (nng's, the peer's) run
-            result = attempt()
+    if result is not None:
+        return result
+    spin_s = min(spin.budget(), limit_s)
+    if spin_s <= 0 or trio.lowlevel.current_statistics().tasks_runnable:
+        return None
+    end = time.perf_counter() + spin_s
+    while result is None and time.perf_counter() < end:
+        os.sched_yield()  # let the threads that bring the message (nng's, the peer's) run
+        result = attempt()
+    spin.record(result is not None)
     return result
 
 
@@ -69,11 +102,10 @@ async def wait_for(attempt: Callable[[], T | None], fd: int) -> T:
             return result
 
 
-async def poll_then_wait(attempt: Callable[[], T | None], fd: int, spin_s: float) -> T:
+async def poll_then_wait(attempt: Callable[[], T | None], fd: int, spin: Spin) -> T:
     """``poll``, then ``wait_for``; the caller's deadline bounds the poll, and a task answered by
     polling still lets the others run at least every millisecond (timers, I/O, cancellation)."""
-    spin_s = min(spin_s, trio.current_effective_deadline() - trio.current_time())
-    result = poll(attempt, spin_s)
+    result = poll(attempt, spin, trio.current_effective_deadline() - trio.current_time())
     if result is None:
         return await wait_for(attempt, fd)
     await fair_share()
@@ -107,7 +139,7 @@ class RawRep:
         self.sock = pynng.Rep0(opener=lib.nng_rep0_open_raw, recv_max_size=max_bytes,
                                send_buffer_size=send_buffer)
         self.recv_fd, self.send_fd = self.sock.recv_fd, self.sock.send_fd
-        self._spin_s = spin_s
+        self._spin = Spin(spin_s)
         self._msg_p = ffi.new("nng_msg **")
 
     def listen(self, address: str) -> None:
@@ -130,7 +162,7 @@ class RawRep:
 
     async def receive(self) -> tuple[bytes, bytes]:
         """The next request: (routing header, body)."""
-        return await poll_then_wait(self._try_receive, self.recv_fd, self._spin_s)
+        return await poll_then_wait(self._try_receive, self.recv_fd, self._spin)
 
     def try_reply(self, header: bytes, body: bytes) -> bool:
         """Send the reply routed by ``header`` if the send buffer has room (nng drops it if the caller
@@ -165,7 +197,7 @@ class PolledReq:
         self.sock = pynng.Req0(recv_max_size=max_bytes, resend_time=_NO_RESEND_MS)
         self.sock.dial(address, block=False)  # connects (and reconnects) in the background
         self.recv_fd, self.send_fd = self.sock.recv_fd, self.sock.send_fd
-        self._spin_s = spin_s
+        self._spin = Spin(spin_s)
         self._msg_p = ffi.new("nng_msg **")
 
     def _try_send(self, frame: bytes) -> bool | None:
@@ -188,9 +220,8 @@ class PolledReq:
                 await wait_for(lambda: self._try_send(frame), self.send_fd)
             if sending.cancelled_caught:
                 return None
-        spin_s = min(self._spin_s, deadline - trio.current_time(),
-                     trio.current_effective_deadline() - trio.current_time())
-        reply = poll(self._try_recv, spin_s)
+        now = trio.current_time()
+        reply = poll(self._try_recv, self._spin, min(deadline, trio.current_effective_deadline()) - now)
         if reply is not None:
             await fair_share()
             return reply
@@ -200,6 +231,9 @@ class PolledReq:
 
     def close(self) -> None:
         close_polled(self.sock, self.recv_fd, self.send_fd)
+
+
+_NO_SPIN = Spin(0.0)
 
 
 class NngMessage:
@@ -237,7 +271,7 @@ class PolledPull:
 
     async def receive(self) -> NngMessage:
         """The next message; the caller frees it."""
-        return await poll_then_wait(self._try_receive, self.recv_fd, 0.0)
+        return await poll_then_wait(self._try_receive, self.recv_fd, _NO_SPIN)
 
     def close(self) -> None:
         close_polled(self.sock, self.recv_fd)
