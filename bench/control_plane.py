@@ -39,6 +39,7 @@ from t1_actors.runtime import Actor, connect, handles  # noqa: E402
 
 KEY = "bench-key-0123456789abcdef"
 PAYLOAD = b"x" * 256  # a small control message, like a heartbeat or a cancel
+_BULK_WAIT_S = 300  # a bulk measurement that takes longer has lost messages
 
 
 class BenchEcho(Actor):
@@ -125,10 +126,13 @@ def raw_bulk(req: pynng.Req0, push: pynng.Push0, blob: bytes, count: int) -> flo
     t0 = time.perf_counter()
     for _ in range(count):
         push.send(wire)
+    give_up = time.monotonic() + _BULK_WAIT_S
     while True:
         req.send(b"count")
         if int(req.recv()) - before >= count:
             break
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"raw bulk: the receiver did not get {count} messages in {_BULK_WAIT_S} s")
         time.sleep(0.0005)
     return len(wire) * count / (time.perf_counter() - t0) / 1e6
 
@@ -140,8 +144,9 @@ async def runtime_bulk(group, blob: bytes, count: int) -> float:
     t0 = time.perf_counter()
     for _ in range(count):
         await group.push(record)
-    while (await group.call(Generic(op="blobs"))).args["n"] - before < count:
-        await trio.sleep(0.0005)
+    with trio.fail_after(_BULK_WAIT_S):  # e.g. messages rejected: say so rather than wait forever
+        while (await group.call(Generic(op="blobs"))).args["n"] - before < count:
+            await trio.sleep(0.0005)
     return size * count / (time.perf_counter() - t0) / 1e6
 
 
@@ -214,7 +219,7 @@ def main() -> None:
 
 
 async def measure(args, config, rep_addr: str, pull_addr: str, raw_pid: int, actor_pid: int) -> dict:
-    req = pynng.Req0(recv_max_size=0)
+    req = pynng.Req0(recv_max_size=0, recv_timeout=60_000)  # a dead raw peer fails the run, not hangs it
     req.dial(rep_addr, block=False)
     push = pynng.Push0()
     push.dial(pull_addr, block=False)

@@ -11,6 +11,8 @@ deadline), backs off while polls come up empty (``Spin``), and with ``spin_s=0``
 ``RawRep``: a raw-mode Rep0 socket (pynng does not wrap raw sockets). Raw mode lets one socket hold
 any number of requests at once: each request carries its routing header (pipe id and request id) and
 the reply is sent with the same header. ``PolledReq``: a cooked Req0 socket, one request at a time.
+``PolledPull`` / ``PolledPush``: bulk sockets that read a message in place in nng's buffer and build one
+from parts with a single copy (they never poll: bulk waits park at once).
 """
 
 from __future__ import annotations

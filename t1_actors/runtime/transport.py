@@ -3,12 +3,16 @@
 Control plane: each actor listens on a raw-mode Rep0 socket (nngraw.py) and serves every request in
 its own trio task, so a slow handler never holds up a heartbeat or a ping. A caller keeps a small pool
 of Req0 sockets per peer, one per call in flight; the call runs under a deadline and a miss raises
-``DeadlineExceeded`` (the request is abandoned, nothing hangs). Both sides wait on nng's pollable fds
-in trio's own epoll rather than through pynng's callback thread, which halves the round trip.
+``DeadlineExceeded`` (the request is abandoned, nothing hangs). Both sides first busy-poll for a
+moment (``[transport] poll_spin_us``, bounded by the deadline, backing off when it does not pay) and
+then wait on nng's pollable fds in trio's own epoll, never through pynng's callback thread: each
+park-and-wake through the fds costs about a raw round trip on a small machine (nngraw.py).
 
 Bulk: each actor also listens on a Pull0 socket; senders Push0 to it. A push waits for the receiver
 as long as it takes (weights, trajectories: no control-plane deadline) and the receiver handles bulk
-messages one at a time, in order, which back-pressures the sender. Nothing here uses pub/sub.
+messages one at a time, in order, which back-pressures the sender. Large payloads are copied once on
+each side (into nng's message; out of it by the decoder), and MACed in a worker thread. Nothing here
+uses pub/sub.
 
 Every frame is sealed (auth.py); frames that fail are dropped and counted by ``RejectLog``.
 """
