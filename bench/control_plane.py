@@ -213,7 +213,11 @@ def main() -> None:
         for proc in procs:
             proc.terminate()
         for proc in procs:
-            proc.wait(timeout=30)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a starved machine: do not lose the measurement over it
+                proc.kill()
+                proc.wait()
         shutil.rmtree(base, ignore_errors=True)
     print(json.dumps(result))
 
