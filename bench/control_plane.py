@@ -39,6 +39,7 @@ from t1_actors.runtime import Actor, connect, handles  # noqa: E402
 
 KEY = "bench-key-0123456789abcdef"
 PAYLOAD = b"x" * 256  # a small control message, like a heartbeat or a cancel
+_BULK_WAIT_S = 300  # a bulk measurement that takes longer has lost messages
 
 
 class BenchEcho(Actor):
@@ -63,14 +64,18 @@ def raw_server(rep_addr: str, pull_addr: str) -> None:
     import threading
 
     pulled = [0]
+    pull = pynng.Pull0(listen=pull_addr, recv_max_size=0)
 
     def pull_loop():
-        with pynng.Pull0(listen=pull_addr, recv_max_size=0) as pull:
+        try:
             while True:
                 pull.recv()
                 pulled[0] += 1
+        except pynng.Closed:
+            return
 
-    threading.Thread(target=pull_loop, daemon=True).start()
+    puller = threading.Thread(target=pull_loop)
+    puller.start()
     with pynng.Rep0(listen=rep_addr) as rep:
         while True:
             msg = rep.recv()
@@ -78,9 +83,11 @@ def raw_server(rep_addr: str, pull_addr: str) -> None:
                 rep.send(str(pulled[0]).encode())
             elif msg == b"stop":
                 rep.send(b"bye")  # not empty: pynng 0.9 cannot receive an empty message
-                return
+                break
             else:
                 rep.send(msg)
+    pull.close()  # before exit: nng must not be torn down under a thread still inside recv
+    puller.join()
 
 
 def serve_actor_process(config_path: str) -> None:
@@ -119,10 +126,13 @@ def raw_bulk(req: pynng.Req0, push: pynng.Push0, blob: bytes, count: int) -> flo
     t0 = time.perf_counter()
     for _ in range(count):
         push.send(wire)
+    give_up = time.monotonic() + _BULK_WAIT_S
     while True:
         req.send(b"count")
         if int(req.recv()) - before >= count:
             break
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"raw bulk: the receiver did not get {count} messages in {_BULK_WAIT_S} s")
         time.sleep(0.0005)
     return len(wire) * count / (time.perf_counter() - t0) / 1e6
 
@@ -134,9 +144,34 @@ async def runtime_bulk(group, blob: bytes, count: int) -> float:
     t0 = time.perf_counter()
     for _ in range(count):
         await group.push(record)
-    while (await group.call(Generic(op="blobs"))).args["n"] - before < count:
-        await trio.sleep(0.0005)
+    with trio.fail_after(_BULK_WAIT_S):  # e.g. messages rejected: say so rather than wait forever
+        while (await group.call(Generic(op="blobs"))).args["n"] - before < count:
+            await trio.sleep(0.0005)
     return size * count / (time.perf_counter() - t0) / 1e6
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU time (user + system, all threads) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU per operation of this process (the caller) and of one server process, summed over blocks."""
+
+    def __init__(self, server_pid: int):
+        self.server_pid, self.client_s, self.server_s, self.ops = server_pid, 0.0, 0.0, 0
+
+    def start(self) -> None:
+        self._c0, self._s0 = time.process_time(), process_cpu_s(self.server_pid)
+
+    def stop(self, ops: int) -> None:
+        self.client_s += time.process_time() - self._c0
+        self.server_s += process_cpu_s(self.server_pid) - self._s0
+        self.ops += ops
+
+    def per_op_us(self) -> tuple[float, float]:
+        return round(self.client_s / self.ops * 1e6, 1), round(self.server_s / self.ops * 1e6, 1)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -151,6 +186,8 @@ def main() -> None:
     parser.add_argument("--bulk-mb", type=float, default=4.0, help="size of one bulk message (MiB)")
     parser.add_argument("--bulk-count", type=int, default=48, help="bulk messages per measurement")
     parser.add_argument("--bulk-rounds", type=int, default=3)
+    parser.add_argument("--spin-us", type=float, default=None,
+                        help="[transport] poll_spin_us of the runtime (default: the config default)")
     parser.add_argument("--serve-raw", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--serve-actor", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -160,7 +197,8 @@ def main() -> None:
         return serve_actor_process(args.serve_actor)
 
     base = Path(tempfile.mkdtemp(prefix="t1cp-"))
-    config = parse_config({"run": {"id": "bench", "dir": str(base), "hmac_key": KEY},
+    transport = {} if args.spin_us is None else {"poll_spin_us": args.spin_us}
+    config = parse_config({"run": {"id": "bench", "dir": str(base), "hmac_key": KEY}, "transport": transport,
                            "actors": [{"name": "bench-0", "role": "bench",
                                        "actor_class": "bench.control_plane:BenchEcho"}]})
     cfg_path = base / "run.json"
@@ -170,18 +208,22 @@ def main() -> None:
     procs = [subprocess.Popen(me + ["--serve-raw", rep_addr, pull_addr]),
              subprocess.Popen(me + ["--serve-actor", str(cfg_path)], stderr=subprocess.DEVNULL)]
     try:
-        result = trio.run(measure, args, config, rep_addr, pull_addr)
+        result = trio.run(measure, args, config, rep_addr, pull_addr, procs[0].pid, procs[1].pid)
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
-            proc.wait(timeout=30)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a starved machine: do not lose the measurement over it
+                proc.kill()
+                proc.wait()
         shutil.rmtree(base, ignore_errors=True)
     print(json.dumps(result))
 
 
-async def measure(args, config, rep_addr: str, pull_addr: str) -> dict:
-    req = pynng.Req0(recv_max_size=0)
+async def measure(args, config, rep_addr: str, pull_addr: str, raw_pid: int, actor_pid: int) -> dict:
+    req = pynng.Req0(recv_max_size=0, recv_timeout=60_000)  # a dead raw peer fails the run, not hangs it
     req.dial(rep_addr, block=False)
     push = pynng.Push0()
     push.dial(pull_addr, block=False)
@@ -197,17 +239,27 @@ async def measure(args, config, rep_addr: str, pull_addr: str) -> dict:
         raw_rtt_block(req, 50)  # warm both paths
         await runtime_rtt_block(group, 50)
         raw, rt = [], []
+        raw_cpu, rt_cpu = CpuMeter(raw_pid), CpuMeter(actor_pid)
         per_block = max(1, args.calls // args.blocks)
         for _ in range(args.blocks):
+            raw_cpu.start()
             raw += raw_rtt_block(req, per_block)
+            raw_cpu.stop(per_block)
+            rt_cpu.start()
             rt += await runtime_rtt_block(group, per_block)
+            rt_cpu.stop(per_block)
         blob = os.urandom(int(args.bulk_mb * (1 << 20)))
         raw_bulk(req, push, blob, 4)
         await runtime_bulk(group, blob, 4)
         raw_mbps, rt_mbps = [], []
+        raw_bulk_cpu, rt_bulk_cpu = CpuMeter(raw_pid), CpuMeter(actor_pid)
         for _ in range(args.bulk_rounds):
+            raw_bulk_cpu.start()
             raw_mbps.append(raw_bulk(req, push, blob, args.bulk_count))
+            raw_bulk_cpu.stop(args.bulk_count)
+            rt_bulk_cpu.start()
             rt_mbps.append(await runtime_bulk(group, blob, args.bulk_count))
+            rt_bulk_cpu.stop(args.bulk_count)
     req.send(b"stop")
     req.recv()
     req.close()
@@ -220,7 +272,12 @@ async def measure(args, config, rep_addr: str, pull_addr: str) -> dict:
         "bulk_ratio": round(rt_bulk_mbps / raw_bulk_mbps, 3),
         "rtt_p50_us": round(rt_p50 * 1e6, 1), "raw_rtt_p50_us": round(raw_p50 * 1e6, 1),
         "raw_rtt_p99_ms": round(pct(raw, 0.99) * 1e3, 3),
+        # CPU per round trip (caller, server), all threads: the busy-poll's cost shows here.
+        "rtt_cpu_us": rt_cpu.per_op_us(), "raw_rtt_cpu_us": raw_cpu.per_op_us(),
         "bulk_MBps": round(rt_bulk_mbps, 1), "raw_bulk_MBps": round(raw_bulk_mbps, 1),
+        # CPU per bulk message (sender, receiver), all threads
+        "bulk_cpu_ms": [round(v / 1e3, 2) for v in rt_bulk_cpu.per_op_us()],
+        "raw_bulk_cpu_ms": [round(v / 1e3, 2) for v in raw_bulk_cpu.per_op_us()],
         "calls": len(rt), "bulk_message_MiB": args.bulk_mb, "bulk_count": args.bulk_count,
         "transport": "ipc", "cpus": os.cpu_count(), "load_average": round(os.getloadavg()[0], 1),
         "targets_met": rt_p50 / raw_p50 <= 1.5 and rt_bulk_mbps / raw_bulk_mbps >= 0.8,

@@ -6,6 +6,8 @@ msgpack extension (code 1) whose body is ``msgpack([dtype_str, shape]) + raw C-o
 
 from __future__ import annotations
 
+import os
+import struct
 from typing import Any
 
 import msgpack
@@ -55,6 +57,61 @@ def _ext_hook(code: int, data: bytes) -> Any:
 def pack(value: Any) -> bytes:
     """msgpack with numpy arrays as typed binary."""
     return msgpack.packb(value, default=_default, use_bin_type=True)
+
+
+_SPLICE_BYTES = 1 << 16  # bytes and arrays this large are not copied by pack_parts
+
+
+def _raw_bytes(arr: np.ndarray) -> memoryview:
+    """The C-order bytes of a contiguous array, in place where the buffer protocol allows it."""
+    try:
+        return memoryview(arr).cast("B")
+    except (TypeError, ValueError):  # e.g. a non-native byte order: no flat view, so copy
+        return memoryview(arr.tobytes())
+
+
+def pack_parts(value: Any) -> list:
+    """``pack(value)`` as a list of buffers whose concatenation is exactly ``pack(value)``, without
+    copying large bytes values and arrays: those appear in the list as views of their own memory.
+    For a sender that copies the parts once, into a socket's message.
+
+    How: each large value is packed as a 16-byte random token, and the token's encoding in the output
+    is then replaced by the value's msgpack header (bin 32 / ext 32) and its memory.
+    """
+    spliced: dict[bytes, tuple[bytes, Any]] = {}
+
+    def swap(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {k: swap(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [swap(v) for v in obj]
+        if isinstance(obj, (bytes, bytearray, memoryview)) and len(obj) >= _SPLICE_BYTES:
+            token = os.urandom(16)
+            data = memoryview(obj).cast("B")
+            spliced[token] = (b"\xc6" + struct.pack(">I", data.nbytes), data)
+            return token
+        if isinstance(obj, np.ndarray) and obj.nbytes >= _SPLICE_BYTES:
+            if obj.dtype.name not in _ALLOWED_DTYPES:
+                raise SchemaError("array", None, f"dtype {obj.dtype} cannot travel; use a numeric dtype")
+            arr = np.ascontiguousarray(obj)
+            head = msgpack.packb([arr.dtype.str, list(arr.shape)])
+            token = os.urandom(16)
+            data = _raw_bytes(arr)
+            spliced[token] = (b"\xc9" + struct.pack(">Ib", len(head) + data.nbytes, _ARRAY_EXT) + head, data)
+            return token
+        return obj
+
+    packed = pack(swap(value))
+    if not spliced:
+        return [packed]
+    parts, start = [], 0
+    view = memoryview(packed)
+    for at, token in sorted((packed.index(b"\xc4\x10" + token), token) for token in spliced):
+        header, data = spliced[token]
+        parts += [view[start:at], header, data]
+        start = at + 18
+    parts.append(view[start:])
+    return parts
 
 
 def unpack(data: bytes) -> Any:

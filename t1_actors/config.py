@@ -119,6 +119,8 @@ class TransportSection(_Strict):
                                      "rejected as replays; also bounds clock skew between hosts")
     bulk_max_bytes: int = Field(1 << 31, gt=0, description="largest accepted bulk message")
     control_max_bytes: int = Field(64 << 20, gt=0, description="largest accepted control message")
+    poll_spin_us: float = Field(300.0, ge=0, le=100_000, description="a control-plane wait busy-polls this long "
+                                "(yielding the CPU) before it parks; 0 parks at once (less CPU, slower round trips)")
 
     @model_validator(mode="after")
     def _timeout_after_interval(self) -> "TransportSection":

@@ -162,7 +162,7 @@ class ActorHost:
                 await self.actor.setup()
                 server = ControlServer(self.ctx.name, self.config.control_address(self.spec), self.sealer,
                                        self.opener, max_bytes=self.config.transport.control_max_bytes,
-                                       rejects=self.rejects)
+                                       rejects=self.rejects, spin_s=self.config.transport.poll_spin_us * 1e-6)
                 inbox = BulkInbox(self.ctx.name, self.config.bulk_address(self.spec), self.opener,
                                   max_bytes=self.config.transport.bulk_max_bytes, rejects=self.rejects)
                 serving = trio.CancelScope()

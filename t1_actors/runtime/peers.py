@@ -63,7 +63,8 @@ class Peers:
                        else self.config.control_address(self.config.actor(name)))
             client = self._control[name] = ControlClient(
                 self.me, name, address, self._sealer, self._opener,
-                max_bytes=self.config.transport.control_max_bytes, rejects=self.rejects)
+                max_bytes=self.config.transport.control_max_bytes, rejects=self.rejects,
+                spin_s=self.config.transport.poll_spin_us * 1e-6)
         return client
 
     def bulk(self, name: str) -> BulkOutbox:

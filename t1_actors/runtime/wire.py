@@ -5,13 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas import Record
-from schemas.codec import from_wire, pack, to_wire, unpack
+from schemas.codec import from_wire, pack, pack_parts, to_wire, unpack
 
 from .errors import AuthError
 
 
 def pack_envelope(sender: str, dest: str, record: Record, msg_id: bytes, reply_to: bytes = b"") -> bytes:
-    return pack({"s": sender, "d": dest, "i": msg_id, "r": reply_to, "m": to_wire(record)})
+    """msgpack ``[sender, dest, msg_id, reply_to, record]`` (an array: cheaper to pack and parse than a map)."""
+    return pack([sender, dest, msg_id, reply_to, to_wire(record)])
+
+
+def pack_envelope_parts(sender: str, dest: str, record: Record, msg_id: bytes) -> list:
+    """``pack_envelope`` as buffers that leave large bytes and arrays where they are (bulk: the parts are
+    copied once, into the nng message)."""
+    return pack_parts([sender, dest, msg_id, b"", to_wire(record)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +45,10 @@ def unpack_envelope(body: memoryview | bytes) -> RawEnvelope:
         obj = unpack(body)  # msgpack reads the memoryview in place: no copy of a bulk payload
     except Exception as exc:  # msgpack raises many types on garbage
         raise AuthError("malformed", f"body is not msgpack ({type(exc).__name__})") from None
-    if not isinstance(obj, dict) or set(obj) != {"s", "d", "i", "r", "m"}:
+    if type(obj) is not list or len(obj) != 5:
         raise AuthError("malformed", "body is not a t1 envelope")
-    sender, dest, msg_id, reply_to = obj["s"], obj["d"], obj["i"], obj["r"]
+    sender, dest, msg_id, reply_to, wire = obj
     if not (isinstance(sender, str) and isinstance(dest, str) and isinstance(msg_id, bytes)
             and isinstance(reply_to, bytes)):
         raise AuthError("malformed", "envelope fields have the wrong types")
-    return RawEnvelope(sender, dest, reply_to, msg_id, obj["m"])
+    return RawEnvelope(sender, dest, reply_to, msg_id, wire)
