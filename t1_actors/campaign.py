@@ -41,6 +41,8 @@ class CampaignConfig(BaseModel):
     sft_max_len: int = Field(640, gt=16)
     sft_threads: int = Field(2, gt=0)
     sft_oracle_workers: int = Field(2, gt=0, description="sandboxes executing oracles at once before SFT")
+    sft_anchor_every: int = Field(2, ge=0, description="every n-th SFT step trains on one fixed anchor batch "
+                                                       "(0: never); see warmstart.supervised_finetune")
     warmup_trials: int = Field(64, ge=0)
     rl_seconds: float = Field(660.0, ge=0)
     eval_concurrency: int = Field(32, gt=0)
@@ -120,7 +122,8 @@ def warm_start(run_dir: Path, config, tasks, tokenizer, *, pool_progress=None, p
     policy = MoEPolicy(config.section("model"))
     pad_id = special_token_ids(tokenizer)["<|endoftext|>"]
     report = supervised_finetune(policy, examples, seconds=campaign.sft_seconds, batch_size=campaign.sft_batch_size,
-                                 lr=campaign.sft_lr, pad_id=pad_id, seed=campaign.seed, progress=progress)
+                                 lr=campaign.sft_lr, pad_id=pad_id, seed=campaign.seed,
+                                 anchor_every=campaign.sft_anchor_every, progress=progress)
     return policy, {"steps": report.steps, "examples_seen": report.examples_seen,
                     "distinct_examples": report.distinct_examples, "epochs": round(report.epochs, 2),
                     "final_loss": report.final_loss, "seconds": round(report.seconds, 1),
