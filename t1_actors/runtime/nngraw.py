@@ -122,14 +122,21 @@ async def fair_share() -> None:
         await trio.lowlevel.checkpoint()
 
 
-def _try_recv_body(sock: pynng.Socket, msg_p) -> bytes | None:
-    """The body of the next message, or None when there is none yet (no exception on the hot path)."""
+def _try_recvmsg(sock: pynng.Socket, msg_p):
+    """The next nng message (the caller frees it), or None when there is none yet (no exception on the
+    hot path)."""
     rv = lib.nng_recvmsg(sock.socket, msg_p, _NONBLOCK)
     if rv != 0:
         if rv != lib.NNG_EAGAIN:
             pynng.exceptions.check_err(rv)
         return None
-    msg = msg_p[0]
+    return msg_p[0]
+
+
+def _try_recv_body(sock: pynng.Socket, msg_p) -> bytes | None:
+    """The body of the next message, or None when there is none yet."""
+    if (msg := _try_recvmsg(sock, msg_p)) is None:
+        return None
     try:
         return ffi.buffer(lib.nng_msg_body(msg), lib.nng_msg_len(msg))[:]
     finally:
@@ -148,13 +155,8 @@ class RawRep:
         self.sock.listen(address)
 
     def _try_receive(self) -> tuple[bytes, bytes] | None:
-        msg_p = self._msg_p
-        rv = lib.nng_recvmsg(self.sock.socket, msg_p, _NONBLOCK)
-        if rv != 0:
-            if rv != lib.NNG_EAGAIN:
-                pynng.exceptions.check_err(rv)
+        if (msg := _try_recvmsg(self.sock, self._msg_p)) is None:
             return None
-        msg = msg_p[0]
         try:
             header = ffi.buffer(lib.nng_msg_header(msg), lib.nng_msg_header_len(msg))[:]
             body = ffi.buffer(lib.nng_msg_body(msg), lib.nng_msg_len(msg))[:]
