@@ -23,12 +23,17 @@ _ALLOWED_DTYPES = {
 }
 
 
+def _array_head(obj: np.ndarray) -> tuple[np.ndarray, bytes]:
+    """The contiguous array and the head of its ext body, ``msgpack([dtype_str, shape])``."""
+    if obj.dtype.name not in _ALLOWED_DTYPES:
+        raise SchemaError("array", None, f"dtype {obj.dtype} cannot travel; use a numeric dtype")
+    arr = np.ascontiguousarray(obj)
+    return arr, msgpack.packb([arr.dtype.str, list(arr.shape)])
+
+
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
-        if obj.dtype.name not in _ALLOWED_DTYPES:
-            raise SchemaError("array", None, f"dtype {obj.dtype} cannot travel; use a numeric dtype")
-        arr = np.ascontiguousarray(obj)
-        head = msgpack.packb([arr.dtype.str, list(arr.shape)])
+        arr, head = _array_head(obj)
         return msgpack.ExtType(_ARRAY_EXT, head + arr.tobytes())
     if isinstance(obj, np.generic):
         return obj.item()
@@ -91,10 +96,7 @@ def pack_parts(value: Any) -> list:
             spliced[token] = (b"\xc6" + struct.pack(">I", data.nbytes), data)
             return token
         if isinstance(obj, np.ndarray) and obj.nbytes >= _SPLICE_BYTES:
-            if obj.dtype.name not in _ALLOWED_DTYPES:
-                raise SchemaError("array", None, f"dtype {obj.dtype} cannot travel; use a numeric dtype")
-            arr = np.ascontiguousarray(obj)
-            head = msgpack.packb([arr.dtype.str, list(arr.shape)])
+            arr, head = _array_head(obj)
             token = os.urandom(16)
             data = _raw_bytes(arr)
             spliced[token] = (b"\xc9" + struct.pack(">Ib", len(head) + data.nbytes, _ARRAY_EXT) + head, data)

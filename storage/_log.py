@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -123,13 +124,8 @@ class EventLog:
         """Events ``(writer, seq)`` in the given order, consecutive ones of a segment read together."""
         out: list[Event] = []
         with self._lock:
-            i = 0
-            while i < len(refs):
-                writer, j = refs[i][0], i + 1
-                while j < len(refs) and refs[j][0] == writer:
-                    j += 1
-                out.extend(self._segments[writer].load_many([seq for _, seq in refs[i:j]]))
-                i = j
+            for writer, run in itertools.groupby(refs, key=lambda ref: ref[0]):
+                out.extend(self._segments[writer].load_many([seq for _, seq in run]))
         return out
 
     def get(self, event_id: str) -> Event:

@@ -1,9 +1,9 @@
 """SegmentReader: the committed view of one segment, caught up incrementally, every byte checksummed.
 
-Header chunks are checked against the crcs in the commit records (read in cached blocks); an
-event's payloads are read on their own, straight into the arrays the event will own, and checked
-piece by piece against the crcs its header carries (each piece lies in one chunk, so a mismatch
-names that chunk)."""
+Header chunks are checked against the crcs in the commit records (read in cached blocks). The
+payloads of consecutive events are read together, one read per array of up to ``read_block_bytes``
+(the events' arrays are views of that block), and each event's are checked piece by piece against
+the crcs its header carries (each piece lies in one chunk, so a mismatch names that chunk)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import zarr
 from schemas import Record, SchemaError, unpack
 from schemas.codec import from_wire
 
-from . import _store
 from ._commits import commit_channel
 from ._format import HEADERS, ROUTING, Commit, crc32c, segment_dir
 from ._packed import PackedStore
@@ -210,39 +209,40 @@ class SegmentReader:
             out.append((fieldname, name, offset, shape, pieces, count))
         return out
 
-    def _read_run(self, seqs: list[int]) -> tuple[list[tuple[dict, dict[str, np.ndarray]]], dict[str, set[int]]]:
-        """Headers and checked payloads of events ``seqs`` (consecutive): each array's rows for all of
-        them in one read, each event's arrays views of that block. Also the chunks checked per array."""
-        headers = [self.header(seq) for seq in seqs]
-        entries = [self._entries(seq, header) for seq, header in zip(seqs, headers)]
+    def _read_run(self, run: list[tuple[int, dict, list]]) -> tuple[list[dict[str, np.ndarray]], dict[str, set[int]]]:
+        """Checked payloads of a run of consecutive events ``(seq, header, entries)``: each array's rows
+        for all of them in one read, each event's arrays views of that block. Also the chunks checked
+        per array."""
         spans: dict[str, list[int]] = {}
-        for event in entries:
-            for _, name, offset, _, _, count in event:
+        for _, _, entries in run:
+            for _, name, offset, _, _, count in entries:
                 span = spans.setdefault(name, [offset, offset + count])
                 span[0], span[1] = min(span[0], offset), max(span[1], offset + count)
         blocks = {name: self.read_rows(name, lo, hi) for name, (lo, hi) in spans.items()}
         out, checked = [], {}
-        for header, event in zip(headers, entries):
+        for _, _, entries in run:
             arrays = {}
-            for fieldname, name, offset, shape, pieces, count in event:
+            for fieldname, name, offset, shape, pieces, count in entries:
                 lo = offset - spans[name][0]
                 rows = blocks[name][lo:lo + count]
                 checked.setdefault(name, set()).update(self.check_pieces(name, offset, rows, pieces))
                 arrays[fieldname] = rows.reshape(shape)
-            out.append((header, arrays))
+            out.append(arrays)
         return out, checked
 
-    def _runs(self, seqs: list[int]) -> Iterator[list[int]]:
-        """``seqs`` cut into runs of consecutive events of at most ``read_block_bytes`` of payload."""
-        run: list[int] = []
+    def _runs(self, seqs: list[int]) -> Iterator[list[tuple[int, dict, list]]]:
+        """``seqs`` as runs of consecutive events ``(seq, header, entries)`` of at most
+        ``read_block_bytes`` of payload (each header decoded once)."""
+        run: list[tuple[int, dict, list]] = []
         size = 0
         for seq in seqs:
-            nbytes = sum(count * self._source(name).row_bytes
-                         for _, name, _, _, _, count in self._entries(seq, self.header(seq)))
-            if run and (seq != run[-1] + 1 or size + nbytes > self._config.read_block_bytes):
+            header = self.header(seq)
+            entries = self._entries(seq, header)
+            nbytes = sum(count * self._source(name).row_bytes for _, name, _, _, _, count in entries)
+            if run and (seq != run[-1][0] + 1 or size + nbytes > self._config.read_block_bytes):
                 yield run
                 run, size = [], 0
-            run.append(seq)
+            run.append((seq, header, entries))
             size += nbytes
         if run:
             yield run
@@ -252,7 +252,7 @@ class SegmentReader:
         together, one read per array for up to ``read_block_bytes`` (their arrays share that block)."""
         records = []
         for run in self._runs(seqs):
-            for seq, (header, arrays) in zip(run, self._read_run(run)[0]):
+            for (seq, header, _), arrays in zip(run, self._read_run(run)[0]):
                 try:
                     records.append(from_wire({"t": header["t"], "v": header["v"], "f": {**header["f"], **arrays}}))
                 except SchemaError:
