@@ -266,12 +266,8 @@ class PolledPull:
         self._msg_p = ffi.new("nng_msg **")
 
     def _try_receive(self) -> NngMessage | None:
-        rv = lib.nng_recvmsg(self.sock.socket, self._msg_p, _NONBLOCK)
-        if rv != 0:
-            if rv != lib.NNG_EAGAIN:
-                pynng.exceptions.check_err(rv)
-            return None
-        return NngMessage(self._msg_p[0])
+        msg = _try_recvmsg(self.sock, self._msg_p)
+        return None if msg is None else NngMessage(msg)
 
     async def receive(self) -> NngMessage:
         """The next message; the caller frees it."""
