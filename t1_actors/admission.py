@@ -6,6 +6,7 @@ Pure functions and a small ledger, so the rules can be read and tested apart fro
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -22,6 +23,7 @@ class StalenessConfig(BaseModel):
     oversample: float = Field(0.25, ge=0)  # launch ceil(batch * (1 + oversample)) trials per batch
     on_cancel: Literal["drop", "continue"] = "continue"  # cancelled tail: dropped, or resumed later
     max_in_flight: int = Field(48, gt=0)
+    group_size: int = Field(1, gt=0)  # trials of each task issued one after another (a group, for rloo)
 
 
 def policy_lag(learner_version: int, trial_version: int) -> int:
@@ -34,6 +36,13 @@ def admit(lag: int, max_staleness: int) -> bool:
     if lag < 0:
         raise ValueError(f"negative policy lag {lag}: a trial claims a version the learner has not published")
     return lag <= max_staleness
+
+
+def grouped(task_ids: Iterable[str], group_size: int) -> Iterator[str]:
+    """Each task repeated ``group_size`` times in a row: the attempts a group baseline compares."""
+    for task_id in task_ids:
+        for _ in range(group_size):
+            yield task_id
 
 
 def trials_to_launch(batch_size: int, oversample: float) -> int:

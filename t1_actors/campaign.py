@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,6 +54,9 @@ class CampaignConfig(BaseModel):
     finish_timeout_s: float = Field(600.0, gt=0)  # after rl_seconds: last steps and the final eval
     warm_start_from: str | None = Field(None, description="a previous run's directory: reuse its tokenizer and "
                                                           "SFT policy (version 0) instead of phases 2-3")
+    tito_repairs: list[Literal["normalized", "retokenized"]] = Field(
+        [], description="TITO repairs tried before a split ([] = every loss token keeps the sampler's exact "
+                        "context; a repaired boundary trains later turns on a context the sampler never saw)")
 
     def rollout_limits(self) -> RolloutLimits:
         return RolloutLimits(max_turns=self.max_turns, max_new_tokens=self.max_new_tokens,
@@ -219,6 +222,7 @@ def load_campaign_config(path: str | Path, *, quick: bool = False, run_dir: str 
         data.setdefault("run", {})["dir"] = str(run_dir)
     config = parse_config(data, str(path))
     check_temperatures(config, str(path))
+    check_groups(config, str(path))
     return config
 
 
@@ -230,6 +234,16 @@ def check_temperatures(config, source: str) -> None:
     if sampled != trained:
         raise ConfigError(f"{source}: [sampler] temperature = {sampled} but [ppo] temperature = {trained}; "
                           "set both to the same value (the sampler stores logprobs at its temperature)")
+
+
+def check_groups(config, source: str) -> None:
+    """A group baseline needs groups: with one trial per task every trajectory would fall back to GAE."""
+    from .config import ConfigError
+
+    estimator, size = config.section("ppo").advantage_estimator, config.section("staleness").group_size
+    if estimator == "rloo" and size < 2:
+        raise ConfigError(f"{source}: [ppo] advantage_estimator = 'rloo' but [staleness] group_size = {size}; "
+                          "set group_size >= 2 (trials per task) or advantage_estimator = 'gae'")
 
 
 def _deep_merge(base: dict, top: dict) -> dict:

@@ -20,6 +20,7 @@ data-parallel ranks: each rank sums its tokens and divides by the global loss-to
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from typing import Literal
 
 import torch
@@ -52,6 +53,10 @@ class PPOConfig(BaseModel):
         "sampler", description="pi_old of the ratio: the sampler's logprobs (TITO+R3 make them faithful) "
                                "or the learner's own, recomputed before the first epoch")
     normalize_advantages: bool = Field(False, description="whiten A over the batch's loss tokens")
+    advantage_estimator: Literal["gae", "rloo"] = Field(
+        "gae", description="gae: A_j = GAE over the critic's values (the recipe); rloo: A = R - the mean reward "
+                           "of the other trials of the same task in the batch (needs [staleness] group_size > 1; "
+                           "a trial alone in its group keeps its GAE advantage)")
     entropy_coef: float = Field(0.0, ge=0)
     moe_aux_loss_coef: float = Field(0.0, ge=0, description="MoE load-balancing loss coefficient (recipe: 0)")
     critic_warmup_epochs: int = Field(1, ge=0)
@@ -61,6 +66,11 @@ class PPOConfig(BaseModel):
     def _check(self) -> "PPOConfig":
         if not all(0 <= b < 1 for b in self.adam_betas):
             raise ValueError(f"adam_betas must lie in [0, 1), got {self.adam_betas}")
+        if self.advantage_estimator == "rloo" and self.normalize_advantages:
+            raise ValueError("normalize_advantages = true with advantage_estimator = 'rloo': whitening centres A "
+                             "over the batch, which gives every group whose attempts all scored alike (A = 0) a "
+                             "push, upward for all-failed groups when failures run longer; set "
+                             "normalize_advantages = false (Adam is scale-free, rloo's A is already centred)")
         return self
 
     @property
@@ -130,6 +140,45 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tens
         next_value = torch.where(step, values[:, t], next_value)
         next_advantage = torch.where(step, advantage, next_advantage)
     return advantages
+
+
+def leave_one_out_baselines(rewards: torch.Tensor, groups: Sequence[Hashable],
+                            trials: Sequence[Hashable]) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO baseline of each row: the mean reward of the *other* trials of its group (its task).
+
+        b_i = (sum_{k in G(i), k != trial(i)} R_k) / (|G(i)| - 1)
+
+    ``groups[i]`` is row i's group (task id) and ``trials[i]`` its trial: the chunks of one trial are one
+    member, never each other's baseline. Returns (b [B], has_baseline [B] = |G(i)| >= 2); b = 0 where not.
+    """
+    if not (len(groups) == len(trials) == rewards.shape[0]) or rewards.ndim != 1:
+        raise ValueError(f"rewards [B], groups and trials must have one entry per row; got {tuple(rewards.shape)}, "
+                         f"{len(groups)} groups and {len(trials)} trials")
+    members: dict[Hashable, dict[Hashable, float]] = {}
+    for group, trial, r in zip(groups, trials, rewards.tolist()):
+        members.setdefault(group, {})[trial] = r
+    baselines = torch.zeros_like(rewards, dtype=torch.float32)
+    has = torch.zeros(rewards.shape, dtype=torch.bool, device=rewards.device)
+    for i, (group, trial) in enumerate(zip(groups, trials)):
+        others = [r for t, r in members[group].items() if t != trial]
+        if others:
+            baselines[i], has[i] = sum(others) / len(others), True
+    return baselines, has
+
+
+def rloo_advantages(rewards: torch.Tensor, baselines: torch.Tensor, has_baseline: torch.Tensor,
+                    mask: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Group (leave-one-out) advantage, the same for every action of a trajectory.
+
+        A_j = R_i - b_i          for each loss token j of trajectory i with a baseline,
+        A_j = fallback_j         (its GAE advantage) for a trajectory alone in its group.
+
+    Why: with r = P / S a task's reward ceiling varies with its number of tests (S fixed), so R - V(s)
+    mixes "how big is this task" (which a small critic learns slowly) with "did this attempt do well";
+    comparing attempts at the same task removes the first.
+    """
+    per_row = torch.where(mask.bool(), (rewards - baselines).unsqueeze(1).to(fallback.dtype), 0.0)
+    return torch.where(has_baseline.unsqueeze(1), per_row, fallback)
 
 
 def returns(advantages: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

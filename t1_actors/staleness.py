@@ -23,7 +23,7 @@ from schemas import (
 )
 from storage import EventLog
 
-from .admission import StalenessConfig
+from .admission import StalenessConfig, grouped
 from .campaign import CampaignConfig, tokenizer_path
 from .policy.tokenizer import load_tokenizer, special_token_ids
 from .rollout import Generation, ToolOutcome
@@ -138,7 +138,8 @@ class StalenessActor(Actor):
         stop_id = special_token_ids(self.tokenizer)["<|im_end|>"]
         ports = ActorPorts(self, self.campaign, stop_id)
         runner = TrialRunner(ports, self.tasks, self.tokenizer, self.campaign.rollout_limits(),
-                                 run_tag=f"{self.ctx.run_id}-{self.name}-{int(time.time()) % 100000}")
+                                 run_tag=f"{self.ctx.run_id}-{self.name}-{int(time.time()) % 100000}",
+                                 tito_repairs=self.campaign.tito_repairs)
         done = {e.label for _, e in await self._events("eval_result")}
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_versions)
@@ -154,7 +155,8 @@ class StalenessActor(Actor):
             if "after" not in done:
                 self.logger.info("phase", phase="rl", seconds=self.campaign.rl_seconds)
                 rng = random.Random(self.campaign.seed + 2)
-                order = itertools.cycle(rng.sample(self.train_ids, len(self.train_ids)))
+                order = grouped(itertools.cycle(rng.sample(self.train_ids, len(self.train_ids))),
+                                self.staleness.group_size)
                 end = trio.current_time() + self._rl_seconds_left()
 
                 def until() -> bool:

@@ -25,6 +25,11 @@ that merely repeats it. Under 2 and 3 later turns train on a context that differ
 repaired tokens (``Repair.context_mismatch``, counted in ``tito_metrics``); the loss tokens never differ. That is the invariant: inside the loss region the trained ids equal
 the sampled ids, drift 0.0000 %. ``assemble`` checks it on every chunk and raises ``TitoDriftError`` if broken.
 
+For PPO the context matters too: the ratio pi/pi_sampler of a token trained on another context than the
+sampler's is not a ratio of one policy at one state (a campaign log showed logprob gaps up to 8.8 nats after
+normalized boundaries). ``assemble(..., repairs=())`` therefore splits wherever a boundary is not strict;
+the campaign does this by default (``[campaign] tito_repairs``), paying for a repeated prompt per split.
+
 Routing (R3) is aligned to T as well; see ``_align_routing`` for which turn's row each position takes.
 
     chunks = tito.assemble([tito.Turn(p, a, logprobs, routing, version), ...], tokenizer, reward=r)
@@ -218,24 +223,39 @@ def split() -> Repair:
     return Repair("split")
 
 
-def repair_boundary(prev: TurnLike, next_prompt: np.ndarray, tokenizer: Any) -> Repair:
-    """The strongest case that holds for the boundary from turn ``prev`` to the prompt ``next_prompt``."""
+REPAIRS: tuple[Case, ...] = ("normalized", "retokenized")
+
+
+def repair_boundary(prev: TurnLike, next_prompt: np.ndarray, tokenizer: Any,
+                    repairs: Sequence[Case] = REPAIRS) -> Repair:
+    """The strongest case that holds for the boundary from turn ``prev`` to the prompt ``next_prompt``,
+    trying only the repairs in ``repairs`` between strict and split."""
     p, a = prev.prompt_ids, prev.sampled_ids
-    return (strict(p, a, next_prompt) or normalized(p, a, next_prompt)
-            or retokenized(p, a, next_prompt, tokenizer) or split())
+    return (strict(p, a, next_prompt)
+            or ("normalized" in repairs and normalized(p, a, next_prompt))
+            or ("retokenized" in repairs and retokenized(p, a, next_prompt, tokenizer)) or split())
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Assembly.
 
 
-def assemble(turns: Sequence[TurnLike], tokenizer: Any, *, reward: float) -> list[TrajectoryChunk]:
+def assemble(turns: Sequence[TurnLike], tokenizer: Any, *, reward: float,
+             repairs: Sequence[Case] = REPAIRS) -> list[TrajectoryChunk]:
     """Assemble a trial's turns into TITO chunks (one unless a boundary splits), each checked for drift.
 
     ``turns`` in order, each with the prompt ids the sampler saw, the ids it sampled, their logprobs, routing
     and policy version (``Turn`` or ``schemas.SamplerTurn``). ``tokenizer`` is an HF ``tokenizers.Tokenizer``
     (or a transformers fast tokenizer); it is used only for the retokenized case. Every chunk carries ``reward``.
+
+    ``repairs``: the cases tried between strict and split. With none (``()``) every loss token is trained on
+    exactly the context the sampler saw, so a PPO ratio against the sampler's logprobs is exact; a repaired
+    boundary saves the repeated prefix but later turns see a context that differs from the sampler's by the
+    repaired tokens (their logprobs moved by up to ~9 nats in a campaign log: see README).
     """
+    allowed, unknown = tuple(repairs), set(repairs) - set(REPAIRS)
+    if unknown:
+        raise TitoError(f"assemble: unknown repair cases {sorted(unknown)}; choose from {list(REPAIRS)}")
     if not turns:
         raise TitoError("assemble: no turns; a trajectory needs at least one sampler turn")
     turns = [_checked(turn, i) for i, turn in enumerate(turns)]
@@ -243,7 +263,7 @@ def assemble(turns: Sequence[TurnLike], tokenizer: Any, *, reward: float) -> lis
     groups: list[list[int]] = [[0]]
     repairs: list[list[Repair]] = [[]]
     for i in range(1, len(turns)):
-        repair = repair_boundary(turns[i - 1], turns[i].prompt_ids, tokenizer)
+        repair = repair_boundary(turns[i - 1], turns[i].prompt_ids, tokenizer, allowed)
         if repair.case == "split":
             groups.append([])
             repairs.append([])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from functools import partial
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import numpy as np
 import trio
@@ -57,8 +57,10 @@ class TrialOutcome:
 class TrialRunner:
     """Runs trials of tasks through the ports; knows nothing of processes or sockets."""
 
-    def __init__(self, ports: TrialPorts, tasks: dict[str, Any], tokenizer, limits: RolloutLimits, run_tag: str = "t"):
+    def __init__(self, ports: TrialPorts, tasks: dict[str, Any], tokenizer, limits: RolloutLimits, run_tag: str = "t",
+                 tito_repairs: Sequence[str] = ()):
         self.ports, self.tasks, self.tokenizer, self.limits = ports, tasks, tokenizer, limits
+        self.tito_repairs = tuple(tito_repairs)  # () = exact sampler contexts (split where not strict)
         self._ids = itertools.count()
         self.run_tag = run_tag
 
@@ -98,7 +100,7 @@ class TrialRunner:
             turns = [tito.Turn(prompt_ids=t.prompt_ids, sampled_ids=t.generation.output_ids,
                                sampler_logprobs=t.generation.logprobs, routing=t.generation.routing,
                                policy_version=t.generation.policy_version) for t in rollout.turns]
-            outcome.chunks = tito.assemble(turns, self.tokenizer, reward=result.reward)
+            outcome.chunks = tito.assemble(turns, self.tokenizer, reward=result.reward, repairs=self.tito_repairs)
             outcome.tito = tito.tito_metrics(outcome.chunks)
             outcome.oldest_version = min(t.generation.policy_version for t in rollout.turns)
         return outcome

@@ -185,3 +185,27 @@ def test_a_shard_smaller_than_the_minibatch_count_still_steps():
     before = flat_params(policy)
     metrics = learner.step(batch_of(sample_trajectories(policy, 2))).metrics
     assert math.isfinite(metrics["policy_loss"]) and not torch.equal(before, flat_params(policy))
+
+
+def test_rloo_step_uses_the_group_baseline_and_the_critic_still_learns_returns():
+    from t1_actors.backends._ppo_step import advantages_and_returns
+
+    policy = tiny_policy(5)
+    trajectories = sample_trajectories(policy, 8, seed=5)
+    trajectories = [t.model_copy(update={"task_id": f"task-{i // 4}"}) for i, t in enumerate(trajectories)]
+    batch = batch_of(trajectories)
+    batch = batch.with_old_values(torch.full(batch.token_ids.shape, 0.3))
+    assert batch.task_ids == tuple(f"task-{i // 4}" for i in range(8))
+    gae, returns = advantages_and_returns(batch, PPOConfig())
+    rloo, rloo_returns = advantages_and_returns(batch, PPOConfig(advantage_estimator="rloo"))
+    assert torch.equal(returns, rloo_returns)
+    m = batch.action_mask
+    for i in range(8):
+        group = batch.rewards[(i // 4) * 4:(i // 4) * 4 + 4]
+        expected = float(batch.rewards[i] - (group.sum() - batch.rewards[i]) / 3)
+        assert rloo[i][m[i]].tolist() == pytest.approx([expected] * int(m[i].sum()), abs=1e-6)
+        assert float(gae[i][m[i]][0]) == pytest.approx(float(batch.rewards[i]) - 0.3, abs=1e-6)
+    assert batch.select([0, 5]).task_ids == ("task-0", "task-1")
+    learner = TorchLearner(policy, PPOConfig(advantage_estimator="rloo"),
+                           critic=TorchCritic.for_policy(policy, PPOConfig()))
+    assert math.isfinite(learner.step(batch).metrics["policy_loss"])

@@ -153,3 +153,32 @@ def test_config_defaults_follow_the_recipe_and_reject_unknown_keys():
     assert ppo.PPOConfig(critic_lr=1e-3).effective_critic_lr == 1e-3
     with pytest.raises(ValidationError, match="kl_coef"):
         ppo.PPOConfig(kl_coef=0.1)
+
+
+def test_leave_one_out_baseline_by_hand_chunks_are_one_member():
+    rewards = torch.tensor([0.2, 0.4, 0.4, 0.9, 0.1])
+    groups = ["a", "a", "a", "b", "c"]
+    trials = ["t1", "t2", "t2", "t3", "t4"]  # t2 has two chunks: one member of group a, with one reward
+    b, has = ppo.leave_one_out_baselines(rewards, groups, trials)
+    assert has.tolist() == [True, True, True, False, False]
+    assert b[:3].tolist() == pytest.approx([0.4, 0.2, 0.2])
+    assert b[3:].tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="one entry per row"):
+        ppo.leave_one_out_baselines(rewards, groups[:2], trials)
+
+
+def test_rloo_advantage_is_R_minus_b_on_loss_tokens_and_gae_where_alone():
+    rewards = torch.tensor([1.0, 0.0, 0.5])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 0], [0, 1, 1]])
+    fallback = torch.tensor([[0.0, 9.0, 9.0], [9.0, 9.0, 0.0], [0.0, 0.3, 0.2]])
+    b, has = ppo.leave_one_out_baselines(rewards, ["x", "x", "y"], ["1", "2", "3"])
+    adv = ppo.rloo_advantages(rewards, b, has, mask, fallback)
+    assert torch.allclose(adv, torch.tensor([[0.0, 1.0, 1.0], [-1.0, -1.0, 0.0], [0.0, 0.3, 0.2]]))
+    # a group whose attempts all scored the same carries no signal
+    b, has = ppo.leave_one_out_baselines(torch.tensor([0.5, 0.5]), ["x", "x"], ["1", "2"])
+    assert ppo.rloo_advantages(torch.tensor([0.5, 0.5]), b, has, torch.ones(2, 2), torch.ones(2, 2)).abs().sum() == 0
+
+
+def test_rloo_refuses_batch_whitening():
+    with pytest.raises(ValidationError, match="normalize_advantages = false"):
+        ppo.PPOConfig(advantage_estimator="rloo", normalize_advantages=True)

@@ -371,3 +371,27 @@ def test_partial_rollout_versions_per_token(tok):
     lengths = [len(t.sampled_ids) for t in turns]
     np.testing.assert_array_equal(loss_versions, np.concatenate([[4] * lengths[0], versions, [5] * lengths[2]]))
     assert chunk.policy_version == 4
+
+
+def test_without_repairs_every_turn_keeps_the_samplers_exact_context(tok):
+    """repairs=() (the campaign's default): a boundary that is not strict splits, so each chunk's stream up
+    to every loss token is exactly a prompt the sampler saw followed by what it sampled."""
+    rng = random.Random(11)
+    texts = [TEXTS[0].replace("</tool_call>", "</tool_call>\n"), TEXTS[1], tool_call_text("cat /app/a.txt"),
+             TEXTS[2]]
+    trial = play(tok, texts, sample=lambda text, i: noncanonical(tok, text, rng) if i == 1 else encode(tok, text))
+    chunks = tito.assemble(trial.turns, tok, reward=0.35, repairs=())
+    check_loss_region(chunks, trial.turns)
+    assert cases(chunks) == ["split", "split", "strict"]
+    for chunk in chunks:
+        first = trial.turns[chunk.turns[0]]
+        seen = np.concatenate([first.prompt_ids] + [trial.turns[t].sampled_ids for t in chunk.turns])
+        assert np.array_equal(chunk.token_ids[:len(first.prompt_ids) + len(first.sampled_ids)],
+                              seen[:len(first.prompt_ids) + len(first.sampled_ids)])
+        for t in chunk.turns:  # every turn's prompt is a prefix of the chunk's stream
+            prompt = trial.turns[t].prompt_ids
+            assert np.array_equal(chunk.token_ids[:len(prompt)], prompt)
+    assert {c.reward for c in chunks} == {0.35}
+    assert cases(tito.assemble(trial.turns, tok, reward=0.35, repairs=("normalized",)))[:1] == ["normalized"]
+    with pytest.raises(tito.TitoError, match="unknown repair cases"):
+        tito.assemble(trial.turns, tok, reward=0.35, repairs=("guess",))

@@ -9,7 +9,7 @@ import torch
 import trio
 
 from schemas import EvalResult, StalenessDecision, TrajectoryAssembled, TrialIssued
-from t1_actors.admission import StalenessConfig, admit, policy_lag, trials_to_launch, wilson_interval
+from t1_actors.admission import StalenessConfig, admit, grouped, policy_lag, trials_to_launch, wilson_interval
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.backends.torch_sampler import TorchSampler
@@ -34,6 +34,24 @@ def test_admission_rules():
     low, high = wilson_interval(50, 100)
     assert 0.40 < low < 0.5 < high < 0.6
     assert wilson_interval(0, 0) == (0.0, 1.0)
+    assert list(itertools.islice(grouped(itertools.cycle(["a", "b"]), 3), 7)) == list("aaabbba")
+
+
+def test_a_group_baseline_without_groups_is_refused_before_anything_starts(tmp_path):
+    from pathlib import Path
+
+    from t1_actors.campaign import load_campaign_config
+    from t1_actors.config import ConfigError
+
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "configs" / "tiny.toml").read_text()
+    text = re.sub(r"(?m)^(advantage_estimator|group_size) = .*$", "", text)
+    path = tmp_path / "run.toml"
+    text = re.sub(r"(?m)^\[ppo\].*$", '[ppo]\nadvantage_estimator = "rloo"', text)
+    path.write_text(re.sub(r"(?m)^\[staleness\].*$", "[staleness]\ngroup_size = 1", text))
+    with pytest.raises(ConfigError, match="group_size >= 2"):
+        load_campaign_config(path)
 
 
 @pytest.fixture(scope="module")

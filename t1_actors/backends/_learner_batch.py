@@ -30,6 +30,7 @@ class TrajectoryBatch:
     routing: torch.Tensor | None   # int64 [B, T-1, L, k] or None
     old_values: torch.Tensor | None  # float32 [B, T] (V(x_<t)) or None
     trial_ids: tuple[str, ...]
+    task_ids: tuple[str, ...] = ()  # the group of each row for a group baseline (rloo); () = unknown
 
     def __post_init__(self) -> None:
         B, T = self.token_ids.shape
@@ -81,7 +82,8 @@ class TrajectoryBatch:
         return TrajectoryBatch(
             token_ids=pick(self.token_ids), valid=pick(self.valid), loss_mask=pick(self.loss_mask),
             sampler_logprobs=pick(self.sampler_logprobs), rewards=pick(self.rewards), routing=pick(self.routing),
-            old_values=pick(self.old_values), trial_ids=tuple(self.trial_ids[i] for i in index.tolist()))
+            old_values=pick(self.old_values), trial_ids=tuple(self.trial_ids[i] for i in index.tolist()),
+            task_ids=tuple(self.task_ids[i] for i in index.tolist()) if self.task_ids else ())
 
     def with_old_values(self, values: torch.Tensor) -> "TrajectoryBatch":
         return replace(self, old_values=values.detach().float())
@@ -143,7 +145,8 @@ def collate(trajectories: Sequence[TrajectoryAssembled],
             old_values[row, :n] = torch.from_numpy(np.array(v, dtype=np.float32))
     return TrajectoryBatch(token_ids=token_ids, valid=valid, loss_mask=loss_mask, sampler_logprobs=logprobs,
                            rewards=rewards, routing=routing, old_values=old_values,
-                           trial_ids=tuple(t.trial_id for t in trajectories))
+                           trial_ids=tuple(t.trial_id for t in trajectories),
+                           task_ids=tuple(t.task_id for t in trajectories))
 
 
 def trial_records(events: Iterable[Event]) -> tuple[list[TrajectoryAssembled], dict[tuple[str, int], CriticValues]]:

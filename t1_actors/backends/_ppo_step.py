@@ -80,7 +80,8 @@ def optimizer_step(model: Trainable, loss: torch.Tensor, max_grad_norm: float, g
 # ------------------------------------------------------------------------------------------ the targets
 
 def advantages_and_returns(batch: TrajectoryBatch, cfg: ppo.PPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE advantages and value targets, aligned to actions (``[B, T-1]``), from the batch's old values."""
+    """Advantages (GAE, or the group baseline of ``advantage_estimator = "rloo"``) and the critic's value
+    targets (GAE returns), aligned to actions (``[B, T-1]``), from the batch's old values."""
     if batch.old_values is None:
         raise ValueError("the batch has no old values V(s_j); attach the critic's values (CriticValues from "
                          "the log, or critic.values(batch)) before the PPO step")
@@ -88,7 +89,14 @@ def advantages_and_returns(batch: TrajectoryBatch, cfg: ppo.PPOConfig) -> tuple[
     values = batch.old_values[:, 1:]
     rewards = ppo.terminal_rewards(batch.rewards, mask)
     advantages = ppo.gae_advantages(rewards, values, mask, cfg.gamma, cfg.lam)
-    return advantages, ppo.returns(advantages, values)
+    targets = ppo.returns(advantages, values)  # the critic learns the return whatever the policy's estimator
+    if cfg.advantage_estimator == "rloo":
+        if len(batch.task_ids) != len(batch):
+            raise ValueError("advantage_estimator = 'rloo' needs each trajectory's task id in the batch "
+                             "(collate() from TrajectoryAssembled events sets it)")
+        baselines, has = ppo.leave_one_out_baselines(batch.rewards, batch.task_ids, batch.trial_ids)
+        advantages = ppo.rloo_advantages(batch.rewards, baselines, has, mask, advantages)
+    return advantages, targets
 
 
 def monte_carlo_returns(batch: TrajectoryBatch, cfg: ppo.PPOConfig) -> torch.Tensor:
