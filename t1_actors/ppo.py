@@ -53,6 +53,8 @@ class PPOConfig(BaseModel):
         "sampler", description="pi_old of the ratio: the sampler's logprobs (TITO+R3 make them faithful) "
                                "or the learner's own, recomputed before the first epoch")
     normalize_advantages: bool = Field(False, description="whiten A over the batch's loss tokens")
+    positive_advantages_only: bool = Field(False, description="train only on actions with A > 0 (A+ = max(A, 0)); "
+                                                              "not the recipe: an experiment, see README")
     advantage_estimator: Literal["gae", "rloo"] = Field(
         "gae", description="gae: A_j = GAE over the critic's values (the recipe); rloo: A = R - the mean reward "
                            "of the other trials of the same task in the batch (needs [staleness] group_size > 1; "
@@ -179,6 +181,17 @@ def rloo_advantages(rewards: torch.Tensor, baselines: torch.Tensor, has_baseline
     """
     per_row = torch.where(mask.bool(), (rewards - baselines).unsqueeze(1).to(fallback.dtype), 0.0)
     return torch.where(has_baseline.unsqueeze(1), per_row, fallback)
+
+
+def positive_part(advantages: torch.Tensor) -> torch.Tensor:
+    """Keep the better-than-baseline actions only (a RAFT-like filter; not the recipe).
+
+        A+_j = max(A_j, 0)
+
+    Why try it: pushing down the sampled tokens of a worse attempt spreads their mass over every other
+    token, while pushing up a better attempt's tokens concentrates it (see README's campaign runs).
+    """
+    return advantages.clamp(min=0.0)
 
 
 def returns(advantages: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -199,6 +199,8 @@ def test_rloo_step_uses_the_group_baseline_and_the_critic_still_learns_returns()
     gae, returns = advantages_and_returns(batch, PPOConfig())
     rloo, rloo_returns = advantages_and_returns(batch, PPOConfig(advantage_estimator="rloo"))
     assert torch.equal(returns, rloo_returns)
+    positive, _ = advantages_and_returns(batch, PPOConfig(advantage_estimator="rloo", positive_advantages_only=True))
+    assert torch.equal(positive, rloo.clamp(min=0)) and bool((rloo < 0).any())
     m = batch.action_mask
     for i in range(8):
         group = batch.rewards[(i // 4) * 4:(i // 4) * 4 + 4]
@@ -209,3 +211,13 @@ def test_rloo_step_uses_the_group_baseline_and_the_critic_still_learns_returns()
     learner = TorchLearner(policy, PPOConfig(advantage_estimator="rloo"),
                            critic=TorchCritic.for_policy(policy, PPOConfig()))
     assert math.isfinite(learner.step(batch).metrics["policy_loss"])
+
+
+def test_a_trial_split_into_chunks_is_one_trial_of_the_step():
+    policy = tiny_policy(6)
+    trajectories = sample_trajectories(policy, 4, seed=6)
+    trajectories[1] = trajectories[1].model_copy(update={"trial_id": trajectories[0].trial_id, "chunk": 1})
+    batch = batch_of(trajectories)
+    assert len(batch) == 4 and batch.trials == ("trial-6-0", "trial-6-2", "trial-6-3")
+    learner = TorchLearner(policy, PPOConfig(), critic=TorchCritic.for_policy(policy, PPOConfig()))
+    assert learner.step(batch).event().trials == ["trial-6-0", "trial-6-2", "trial-6-3"]

@@ -182,3 +182,8 @@ def test_rloo_advantage_is_R_minus_b_on_loss_tokens_and_gae_where_alone():
 def test_rloo_refuses_batch_whitening():
     with pytest.raises(ValidationError, match="normalize_advantages = false"):
         ppo.PPOConfig(advantage_estimator="rloo", normalize_advantages=True)
+
+
+def test_positive_part_keeps_only_better_than_baseline_actions():
+    adv = torch.tensor([[0.5, -0.25, 0.0], [-1.0, 2.0, -0.0]])
+    assert ppo.positive_part(adv).tolist() == [[0.5, 0.0, 0.0], [0.0, 2.0, 0.0]]

@@ -75,6 +75,11 @@ class TrajectoryBatch:
     def __len__(self) -> int:
         return self.token_ids.shape[0]
 
+    @property
+    def trials(self) -> tuple[str, ...]:
+        """The batch's trials, each once, in row order (a trial that split at a TITO boundary has several rows)."""
+        return tuple(dict.fromkeys(self.trial_ids))
+
     def select(self, rows: Sequence[int] | torch.Tensor) -> "TrajectoryBatch":
         """A sub-batch of the given trajectory rows (minibatching, data-parallel sharding)."""
         index = torch.as_tensor(rows, dtype=torch.long)

@@ -96,6 +96,8 @@ def advantages_and_returns(batch: TrajectoryBatch, cfg: ppo.PPOConfig) -> tuple[
                              "(collate() from TrajectoryAssembled events sets it)")
         baselines, has = ppo.leave_one_out_baselines(batch.rewards, batch.task_ids, batch.trial_ids)
         advantages = ppo.rloo_advantages(batch.rewards, baselines, has, mask, advantages)
+    if cfg.positive_advantages_only:
+        advantages = ppo.positive_part(advantages)
     return advantages, targets
 
 

@@ -300,7 +300,7 @@ class MegatronLearner:
         self.step_count += 1
         self.policy_version += 1
         metrics["actor_lr"] = self.cfg.actor_lr
-        return StepResult(self.step_count - 1, self.policy_version, batch.trial_ids, metrics)
+        return StepResult(self.step_count - 1, self.policy_version, batch.trials, metrics)
 
     def publish(self, directory: str | Path) -> PublishedWeights:
         """The policy as a HF Qwen3-MoE directory (what the samplers load), like the torch backend."""

@@ -255,7 +255,7 @@ class TorchLearner:
             self.critic.updates += 1
             self.critic.version += 1
         metrics["actor_lr"] = self.cfg.actor_lr
-        return StepResult(step=self.step_count - 1, policy_version=self.policy_version, trials=batch.trial_ids,
+        return StepResult(step=self.step_count - 1, policy_version=self.policy_version, trials=batch.trials,
                           metrics=metrics)
 
     def publish(self, directory: str | Path) -> PublishedWeights:
