@@ -71,7 +71,7 @@ class PPOConfig(BaseModel):
         if self.advantage_estimator == "rloo" and self.normalize_advantages:
             raise ValueError("normalize_advantages = true with advantage_estimator = 'rloo': whitening centres A "
                              "over the batch, which gives every group whose attempts all scored alike (A = 0) a "
-                             "push, upward for all-failed groups when failures run longer; set "
+                             "push (upward whenever the batch's token-weighted mean of A is below 0); set "
                              "normalize_advantages = false (Adam is scale-free, rloo's A is already centred)")
         return self
 
