@@ -37,26 +37,12 @@ def echo_in_a_thread(address: str) -> tuple[pynng.Rep0, threading.Thread]:
     return rep, thread
 
 
-@pytest.mark.parametrize("spin_s", [0.0, 0.05])
-def test_replies_arrive_and_a_sleeping_task_still_wakes(address, spin_s):
-    rep, thread = echo_in_a_thread(address)
-
+def run_client(address: str, spin_s: float, client, rep: pynng.Rep0, thread: threading.Thread | None = None) -> None:
+    """Run ``client(req)`` under trio with a PolledReq to ``address``; always close both ends."""
     async def main():
         req = PolledReq(address, max_bytes=0, spin_s=spin_s)
-        timer_fired = trio.Event()
-
-        async def timer():  # not runnable while it sleeps: polling may go on, but must let it fire
-            await trio.sleep(0.005)
-            timer_fired.set()
-
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(timer)
-                for n in range(5000):  # back-to-back calls, each answered within the poll
-                    assert await req.request(b"ping %d" % n, trio.current_time() + 5) == b"ping %d" % n
-                    if timer_fired.is_set():
-                        break
-            assert timer_fired.is_set(), "the other task never ran during 5000 polled calls"
+            await client(req)
         finally:
             req.close()
 
@@ -64,7 +50,30 @@ def test_replies_arrive_and_a_sleeping_task_still_wakes(address, spin_s):
         trio.run(main)
     finally:
         rep.close()
-        thread.join(5)
+        if thread is not None:
+            thread.join(5)
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 0.05])
+def test_replies_arrive_and_a_sleeping_task_still_wakes(address, spin_s):
+    rep, thread = echo_in_a_thread(address)
+
+    async def client(req):
+        timer_fired = trio.Event()
+
+        async def timer():  # not runnable while it sleeps: polling may go on, but must let it fire
+            await trio.sleep(0.005)
+            timer_fired.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(timer)
+            for n in range(5000):  # back-to-back calls, each answered within the poll
+                assert await req.request(b"ping %d" % n, trio.current_time() + 5) == b"ping %d" % n
+                if timer_fired.is_set():
+                    break
+        assert timer_fired.is_set(), "the other task never ran during 5000 polled calls"
+
+    run_client(address, spin_s, client, rep, thread)
 
 
 @pytest.mark.parametrize("spin_s", [0.0, 10.0])
@@ -72,21 +81,14 @@ def test_a_missed_deadline_returns_none_and_bounds_the_poll(address, spin_s):
     """Nobody answers: the request gives up at its deadline, even with a poll far longer than it."""
     rep = pynng.Rep0(listen=address)  # takes requests, never replies
 
-    async def main():
-        req = PolledReq(address, max_bytes=0, spin_s=spin_s)
-        try:
-            with trio.fail_after(5):
-                assert await req.request(b"hello", trio.current_time() + 0.2) is None
-            with trio.move_on_after(0.2) as outer:  # an enclosing deadline bounds it too
-                await req.request(b"hello", trio.current_time() + 60)
-            assert outer.cancelled_caught
-        finally:
-            req.close()
+    async def client(req):
+        with trio.fail_after(5):
+            assert await req.request(b"hello", trio.current_time() + 0.2) is None
+        with trio.move_on_after(0.2) as outer:  # an enclosing deadline bounds it too
+            await req.request(b"hello", trio.current_time() + 60)
+        assert outer.cancelled_caught
 
-    try:
-        trio.run(main)
-    finally:
-        rep.close()
+    run_client(address, spin_s, client, rep)
 
 
 def test_spin_backs_off_while_polls_come_up_empty_and_recovers_on_a_hit():
