@@ -2,12 +2,14 @@
 
     t1-actor launch --config configs/tiny.toml [--quick] [--run-dir DIR]
 
-1. corpus: the synthetic train/eval task sets ([tasks]), disjoint by construction;
-2. tokenizer: a byte-level BPE trained on the training split's rendered oracle chats;
-3. SFT warm start on executed oracle trajectories -> policy version 0 (safetensors, checksum, event);
+1. corpus: the synthetic train/eval task sets ([tasks]), disjoint by construction; ``[tasks] rl_size``
+   keeps the last train tasks for RL alone;
+2. tokenizer: a byte-level BPE trained on the rendered oracle chats of the SFT tasks;
+3. SFT warm start on executed oracle trajectories of the SFT tasks -> policy version 0 (safetensors,
+   checksum, event);
 4. the six actors as processes under the supervisor: the staleness controller evaluates the SFT policy
-   on the eval split, plays warm-up trials for the critic's warm-up, runs asynchronous PPO for
-   ``rl_seconds``, and evaluates again;
+   on the eval split, plays warm-up trials for the critic's warm-up, runs asynchronous PPO on the RL
+   tasks for ``rl_seconds``, and evaluates again;
 5. ``summary.json`` and the training-dynamics plots in the run directory.
 
 Everything the actors do is in the run's Zarr log (RUN/log); ``t1-replay`` reads it back.
@@ -115,7 +117,7 @@ def warm_start(run_dir: Path, config, tasks, tokenizer, *, pool_progress=None, p
 
     pool_start = time.monotonic()
     try:
-        examples, failures = execute_oracle_pool(tasks.train, execute_oracle, tokenizer,
+        examples, failures = execute_oracle_pool(tasks.sft, execute_oracle, tokenizer,
                                                  tool_output_chars=campaign.tool_output_chars,
                                                  max_len=campaign.sft_max_len, workers=campaign.sft_oracle_workers,
                                                  progress=pool_progress)
@@ -149,6 +151,27 @@ def reuse_warm_start(previous: Path, run_dir: Path):
     shutil.copyfile(source_tokenizer, tokenizer_path(run_dir))
     policy = MoEPolicy.load(source_policy)
     return load_tokenizer(tokenizer_path(run_dir)), policy, {"warm_start_from": str(previous)}
+
+
+def check_warm_start_tasks(previous: Path, tasks) -> None:
+    """Refuse a warm start whose SFT was fitted on this run's RL tasks: that would quietly undo ``rl_size``."""
+    from .tasks import TasksConfig, build_task_sets
+
+    if len(tasks.rl) == len(tasks.train):
+        return  # no carve-out asked for: RL shares the SFT tasks by design
+    resolved = previous / "config.resolved.json"
+    try:
+        previous_tasks = TasksConfig.model_validate(json.loads(resolved.read_text())["tasks"])
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(f"[campaign] warm_start_from = {str(previous)!r}: cannot tell which tasks its SFT saw "
+                         f"({resolved}: {error}); with [tasks] rl_size set, warm-start only from a t1 run directory"
+                         ) from None
+    seen = {t.id for t in build_task_sets(previous_tasks).sft}
+    overlap = sum(1 for t in tasks.rl if t.id in seen)
+    if overlap:
+        raise ValueError(f"[campaign] warm_start_from = {str(previous)!r}: its SFT was fitted on {overlap} of this "
+                         f"run's {len(tasks.rl)} RL tasks ([tasks] rl_size); raise [tasks] train_size past the "
+                         f"{len(seen)} tasks it saw, or warm-start from a run with the same [tasks] section")
 
 
 def publish_initial_policy(run_dir: Path, policy) -> WeightsPublished:
@@ -306,8 +329,10 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
 
     with console.status("[bold]1/5 task corpus[/]"):
         tasks = build_task_sets(config.section("tasks"))
-    console.log(f"corpus: {len(tasks.train)} train / {len(tasks.eval)} eval tasks")
+    console.log(f"corpus: {len(tasks.train)} train / {len(tasks.eval)} eval tasks"
+                + (f" (SFT on {len(tasks.sft)}, RL on the other {len(tasks.rl)})" if len(tasks.rl) < len(tasks.train) else ""))
     if campaign.warm_start_from is not None:
+        check_warm_start_tasks(Path(campaign.warm_start_from), tasks)
         tokenizer, policy, sft = reuse_warm_start(Path(campaign.warm_start_from), run_dir)
         config = _with_vocab(config, tokenizer.get_vocab_size())
         if policy.config != config.section("model"):
@@ -317,7 +342,7 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
         console.log(f"warm start reused from {campaign.warm_start_from} (tokenizer and SFT policy version 0)")
     else:
         with console.status("[bold]2/5 tokenizer[/]"):
-            tokenizer = train_run_tokenizer(run_dir, tasks.train, campaign.tokenizer_vocab)
+            tokenizer = train_run_tokenizer(run_dir, tasks.sft, campaign.tokenizer_vocab)
         console.log(f"tokenizer: {tokenizer.get_vocab_size()} ids -> {tokenizer_path(run_dir)}")
         config = _with_vocab(config, tokenizer.get_vocab_size())
         timings["prepare_s"] = time.monotonic() - started
@@ -348,7 +373,7 @@ def _sft_with_progress(run_dir, config, tasks, tokenizer, campaign):
 
     with Progress(TextColumn("[bold]3/5 {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False) as bar:
-        pool = bar.add_task("oracle pool (executed oracle chats)", total=len(tasks.train), info="")
+        pool = bar.add_task("oracle pool (executed oracle chats)", total=len(tasks.sft), info="")
         sft = bar.add_task("SFT warm start (seconds)", total=int(campaign.sft_seconds), info="", start=False)
         start = [0.0]
 

@@ -46,6 +46,9 @@ class PPOConfig(BaseModel):
     adam_eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.1, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
+    policy_optimizer: Literal["adamw", "sgd"] = Field(
+        "adamw", description="the actor's optimiser (the critic keeps AdamW); sgd: each update is at most "
+                             "actor_lr * max_grad_norm long, along the gradient")
     epochs: int = Field(1, ge=1, description="passes over each batch per PPO step")
     minibatches: int = Field(1, ge=1, description="optimiser steps per epoch (batch split by trajectory)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature the logprobs are taken at")
@@ -68,6 +71,10 @@ class PPOConfig(BaseModel):
     def _check(self) -> "PPOConfig":
         if not all(0 <= b < 1 for b in self.adam_betas):
             raise ValueError(f"adam_betas must lie in [0, 1), got {self.adam_betas}")
+        if self.policy_optimizer == "sgd" and self.critic_lr is None:
+            raise ValueError("policy_optimizer = 'sgd' needs an explicit critic_lr: the critic keeps AdamW, and "
+                             "critic_lr_ratio * an SGD learning rate is no AdamW rate; set [ppo] critic_lr "
+                             "(e.g. 1.5e-3)")
         if self.advantage_estimator == "rloo" and self.normalize_advantages:
             raise ValueError("normalize_advantages = true with advantage_estimator = 'rloo': whitening centres A "
                              "over the batch, which gives every group whose attempts all scored alike (A = 0) a "

@@ -91,7 +91,7 @@ class StalenessActor(Actor):
         sampler = self.config.section("sampler")
         self.temperature, self.top_p = sampler.temperature, sampler.top_p
         sets = await trio.to_thread.run_sync(build_task_sets, self.config.section("tasks"))
-        self.train_ids = [t.id for t in sets.train]
+        self.train_ids = [t.id for t in sets.rl]  # RL's tasks ([tasks] rl_size)
         self.eval_ids = [t.id for t in sets.eval]
         self.tasks = sets.by_id
         self.tokenizer = load_tokenizer(tokenizer_path(self.ctx.run_dir))

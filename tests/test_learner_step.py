@@ -221,3 +221,23 @@ def test_a_trial_split_into_chunks_is_one_trial_of_the_step():
     assert len(batch) == 4 and batch.trials == ("trial-6-0", "trial-6-2", "trial-6-3")
     learner = TorchLearner(policy, PPOConfig(), critic=TorchCritic.for_policy(policy, PPOConfig()))
     assert learner.step(batch).event().trials == ["trial-6-0", "trial-6-2", "trial-6-3"]
+
+
+def test_sgd_policy_optimizer_moves_at_most_lr_times_max_grad_norm_along_the_gradient():
+    policy = tiny_policy(3)
+    cfg = PPOConfig(policy_optimizer="sgd", actor_lr=0.05, max_grad_norm=0.1, critic_lr=1e-3)
+    batch = batch_of(sample_trajectories(policy, 8, seed=3))
+    batch = batch.with_old_values(torch.full(batch.token_ids.shape, float(batch.rewards.mean())))
+    learner = TorchLearner(policy, cfg, fidelity_metrics=False)
+    assert isinstance(learner.optimizer, torch.optim.SGD)
+    before = flat_params(policy)
+    result = learner.step(batch)
+    moved = float((flat_params(policy) - before).norm())
+    assert 0 < moved <= 0.05 * 0.1 * (1 + 1e-4)
+    if result.metrics["grad_norm"] >= 0.1:  # clipped: the step is exactly lr * max_grad_norm long
+        assert moved == pytest.approx(0.005, rel=1e-3)
+
+
+def test_sgd_policy_optimizer_needs_an_explicit_critic_lr():
+    with pytest.raises(ValueError, match="policy_optimizer = 'sgd' needs an explicit critic_lr"):
+        PPOConfig(policy_optimizer="sgd", actor_lr=1.0)

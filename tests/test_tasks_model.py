@@ -95,3 +95,21 @@ def test_tasks_config_rejects_unknown_keys():
         TasksConfig(train_sizes=3)
     with pytest.raises(ValidationError, match="greater than or equal to 0"):
         TasksConfig(eval_size=-1)
+
+
+def test_rl_size_carves_the_rl_tasks_out_of_the_sft_tasks():
+    """SFT memorises its tasks, so RL gets train tasks the warm start never saw: disjoint, covering, stable."""
+    whole = build_task_sets(TasksConfig(train_size=40, eval_size=4))
+    carved = build_task_sets(TasksConfig(train_size=40, eval_size=4, rl_size=12))
+    assert whole.sft == whole.rl == whole.train  # rl_size = 0: one list for both phases
+    assert carved.train == whole.train  # the split does not change which tasks exist
+    assert len(carved.sft) == 28 and len(carved.rl) == 12
+    assert {t.id for t in carved.sft}.isdisjoint(t.id for t in carved.rl)
+    assert carved.sft + carved.rl == carved.train
+    # the same RL tasks whatever the eval size: they come by index
+    assert build_task_sets(TasksConfig(train_size=40, eval_size=9, rl_size=12)).rl == carved.rl
+
+
+def test_rl_size_must_leave_sft_tasks():
+    with pytest.raises(ValidationError, match="rl_size = 40 leaves no train task for the SFT warm start"):
+        TasksConfig(train_size=40, rl_size=40)

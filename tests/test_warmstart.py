@@ -89,3 +89,26 @@ def test_the_anchor_batch_is_one_fixed_batch_the_model_memorises():
     assert report.losses[-1] < report.losses[0] - 1.0  # measured under load at 10 steps: 5.98 -> 3.23
     with pytest.raises(ValueError, match="anchor_every must be >= 0"):
         supervised_finetune(model, examples, seconds=1, batch_size=4, lr=1e-3, pad_id=pad, anchor_every=-1)
+
+
+def test_a_warm_start_fitted_on_this_runs_rl_tasks_is_refused(tmp_path):
+    import json
+
+    from t1_actors.campaign import check_warm_start_tasks
+    from t1_actors.tasks import TasksConfig, build_task_sets
+
+    def previous_run(name, **tasks):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.resolved.json").write_text(json.dumps({"tasks": {"seed": 0, "eval_size": 4, **tasks}}))
+        return run
+
+    carved = build_task_sets(TasksConfig(train_size=48, eval_size=4, rl_size=16))
+    check_warm_start_tasks(previous_run("sft-on-32", train_size=32), carved)  # saw train[:32]: disjoint from RL
+    check_warm_start_tasks(previous_run("same-split", train_size=48, rl_size=16), carved)
+    with pytest.raises(ValueError, match="fitted on 16 of this run's 16 RL tasks"):
+        check_warm_start_tasks(previous_run("sft-on-all", train_size=48), carved)
+    with pytest.raises(ValueError, match="cannot tell which tasks its SFT saw"):
+        check_warm_start_tasks(tmp_path / "nowhere", carved)
+    # no carve-out asked for: nothing to protect
+    check_warm_start_tasks(tmp_path / "nowhere", build_task_sets(TasksConfig(train_size=48, eval_size=4)))

@@ -226,7 +226,7 @@ class MegatronLearner:
         for instance in self.replays:
             if instance in RouterReplay.global_router_replay_instances:
                 RouterReplay.global_router_replay_instances.remove(instance)
-        self.optimizer = make_optimizer(self.model, cfg.actor_lr, cfg)
+        self.optimizer = make_optimizer(self.model, cfg.actor_lr, cfg, cfg.policy_optimizer)
         self.policy_version, self.step_count = policy_version, 0
 
     @property

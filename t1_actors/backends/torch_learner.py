@@ -44,9 +44,19 @@ __all__ = ["TorchLearner", "TorchCritic", "StepResult", "PublishedWeights", "War
 CHECKPOINT_FORMAT = 1
 
 
-def make_optimizer(module: torch.nn.Module, lr: float, cfg: ppo.PPOConfig) -> torch.optim.AdamW:
+def make_optimizer(module: torch.nn.Module, lr: float, cfg: ppo.PPOConfig,
+                   kind: str = "adamw") -> torch.optim.Optimizer:
     """AdamW with the recipe's betas and weight decay on matrices; norms and biases are not decayed
-    (decaying a norm's gain toward 0 only fights the normalisation)."""
+    (decaying a norm's gain toward 0 only fights the normalisation).
+
+    ``kind = "sgd"`` (``[ppo] policy_optimizer``): plain SGD, no momentum, no decay. With the gradient clipped
+    to ``max_grad_norm`` every update is at most ``lr * max_grad_norm`` long, along the gradient. Why: on a
+    near-deterministic policy most per-weight gradients are noise, which Adam scales up to full-size steps
+    (see README, "RL on the tiny policy")."""
+    if kind == "sgd":
+        return torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=lr)
+    if kind != "adamw":
+        raise ValueError(f"unknown optimizer {kind!r}; use 'adamw' or 'sgd'")
     decay = [p for p in module.parameters() if p.requires_grad and p.ndim >= 2]
     keep = [p for p in module.parameters() if p.requires_grad and p.ndim < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -220,7 +230,7 @@ class TorchLearner:
                  seed: int = 0, group=None):
         self.policy, self.cfg, self.critic = policy, cfg, critic
         self.replay, self.fidelity_metrics, self.seed, self.group = replay, fidelity_metrics, seed, group
-        self.optimizer = make_optimizer(policy, cfg.actor_lr, cfg)
+        self.optimizer = make_optimizer(policy, cfg.actor_lr, cfg, cfg.policy_optimizer)
         self.policy_version = policy_version
         self.step_count = 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .formats import load_tasks
 from .model import Split, Task
@@ -22,13 +22,31 @@ class TasksConfig(BaseModel):
     families: list[str] | None = None  # synthetic families to draw from; None: every available one
     task_dirs: list[str] = []  # trees of own / Terminal-Bench / Harbor task directories, added to task_dirs_split
     task_dirs_split: Split = "eval"
+    rl_size: int = Field(0, ge=0, description="the last rl_size synthetic train tasks are kept out of the SFT warm "
+                                              "start (tokenizer, oracle pool): RL draws only from them; 0 = SFT and "
+                                              "RL share the whole train split")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TasksConfig":
+        if self.rl_size and self.rl_size >= self.train_size:
+            raise ValueError(f"[tasks] rl_size = {self.rl_size} leaves no train task for the SFT warm start "
+                             f"(train_size = {self.train_size}); make rl_size smaller than train_size")
+        return self
 
 
 @dataclass(frozen=True)
 class TaskSets:
+    """``train`` = ``sft`` + ``rl`` when ``[tasks] rl_size`` carves RL tasks out; else all three are one list.
+
+    Why carve: an SFT policy memorises the tasks it was fitted on (c2: 90-98 % resolved on them at T = 1.0,
+    67-73 % on unseen ones), so RL on those tasks sees mostly all-solved groups and no learning signal.
+    """
+
     train: list[Task]
     eval: list[Task]
     by_id: dict[str, Task] = field(default_factory=dict)
+    sft: list[Task] = field(default_factory=list)
+    rl: list[Task] = field(default_factory=list)
 
     def get(self, task_id: str) -> Task:
         try:
@@ -38,7 +56,8 @@ class TaskSets:
 
 
 def build_task_sets(config: TasksConfig) -> TaskSets:
-    """The train and eval task lists the config asks for; task ids are unique across both."""
+    """The train and eval task lists the config asks for; task ids are unique across both. The synthetic
+    train tasks come in a fixed order by index, so ``rl_size`` carves the same tasks whatever else changes."""
     train = generate("train", config.train_size, seed=config.seed, families=config.families)
     evaluation = generate("eval", config.eval_size, seed=config.seed, families=config.families)
     for root in config.task_dirs:
@@ -49,4 +68,9 @@ def build_task_sets(config: TasksConfig) -> TaskSets:
         if task.id in by_id:
             raise ValueError(f"task id {task.id!r} appears twice in the run's task sets; rename one")
         by_id[task.id] = task
-    return TaskSets(train=train, eval=evaluation, by_id=by_id)
+    # The carve-out is synthetic only; own train task directories serve both phases.
+    synthetic, loaded = train[: config.train_size], train[config.train_size:]
+    cut = config.train_size - config.rl_size if config.rl_size else config.train_size
+    sft = synthetic[:cut] + loaded
+    rl = (synthetic[cut:] if config.rl_size else synthetic) + loaded
+    return TaskSets(train=train, eval=evaluation, by_id=by_id, sft=sft, rl=rl)
