@@ -22,7 +22,7 @@ class StalenessConfig(BaseModel):
     max_staleness: int = Field(1, ge=0)  # admit iff learner_version - trial_version <= this
     oversample: float = Field(0.25, ge=0)  # launch ceil(batch * (1 + oversample)) trials per batch
     on_cancel: Literal["drop", "continue"] = "continue"  # cancelled tail: dropped, or resumed later
-    max_in_flight: int = Field(48, gt=0)
+    max_in_flight: int = Field(48, gt=0)  # trials (and so sandboxes) running at once, whatever oversample asks
     group_size: int = Field(1, gt=0)  # trials of each task issued one after another (a group, for rloo)
 
 
@@ -45,9 +45,11 @@ def grouped(task_ids: Iterable[str], group_size: int) -> Iterator[str]:
             yield task_id
 
 
-def trials_to_launch(batch_size: int, oversample: float) -> int:
-    """Trials launched per batch: B + k with k = ceil(B * oversample), so slow trials can be cut."""
-    return batch_size + math.ceil(batch_size * oversample)
+def trials_to_launch(batch_size: int, oversample: float, max_in_flight: int | None = None) -> int:
+    """Trials launched per batch: B + k with k = ceil(B * oversample), so slow trials can be cut; at most
+    ``max_in_flight`` (a cap on sandboxes), never fewer than B."""
+    wanted = batch_size + math.ceil(batch_size * oversample)
+    return wanted if max_in_flight is None else max(batch_size, min(wanted, max_in_flight))
 
 
 @dataclass

@@ -329,8 +329,8 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
 
     with console.status("[bold]1/5 task corpus[/]"):
         tasks = build_task_sets(config.section("tasks"))
-    console.log(f"corpus: {len(tasks.train)} train / {len(tasks.eval)} eval tasks"
-                + (f" (SFT on {len(tasks.sft)}, RL on the other {len(tasks.rl)})" if len(tasks.rl) < len(tasks.train) else ""))
+    carved = f" (SFT on {len(tasks.sft)}, RL on the other {len(tasks.rl)})" if len(tasks.rl) < len(tasks.train) else ""
+    console.log(f"corpus: {len(tasks.train)} train / {len(tasks.eval)} eval tasks{carved}")
     if campaign.warm_start_from is not None:
         check_warm_start_tasks(Path(campaign.warm_start_from), tasks)
         tokenizer, policy, sft = reuse_warm_start(Path(campaign.warm_start_from), run_dir)

@@ -262,7 +262,8 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
         await wait_for_learner(number - max_batches_ahead)
         if until():
             break
-        batch = _Batch(config.batch_size, trials_to_launch(config.batch_size, config.oversample))
+        launch = trials_to_launch(config.batch_size, config.oversample, config.max_in_flight)
+        batch = _Batch(config.batch_size, launch)
         async with trio.open_nursery() as nursery:
             for cancelled in resumable:
                 # A continuation is a new trial id (a cancelled id stays cancelled at every actor), linked by
