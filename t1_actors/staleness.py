@@ -53,12 +53,13 @@ class ActorPorts:
         with trio.move_on_after(30):
             await self.actor.peer("sandbox").call_bulk(SandboxClose(trial_id=trial_id))
 
-    async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray) -> Generation:
+    async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray,
+                       seed: int | None = None) -> Generation:
         c = self.campaign
         reply = await self.actor.peer("sampler").call_bulk(GenerateRequest(
             trial_id=trial_id, turn=turn, input_ids=prompt_ids, max_new_tokens=c.max_new_tokens,
             temperature=self.actor.temperature, top_p=self.actor.top_p, stop_ids=[self.stop_id],
-            policy_version_wanted=self.actor.version))
+            policy_version_wanted=self.actor.version, seed=seed))
         return Generation(reply.output_ids, reply.logprobs, reply.routing, reply.policy_version, reply.finish_reason)
 
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:

@@ -8,6 +8,7 @@ rules themselves live in ``t1_actors.admission``.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from functools import partial
 from dataclasses import dataclass, field
@@ -29,12 +30,24 @@ class TrialPorts(Protocol):
     async def open_sandbox(self, trial_id: str, task_id: str) -> None: ...
     async def execute(self, trial_id: str, turn: int, command: str, timeout_s: float) -> ToolOutcome: ...
     async def close_sandbox(self, trial_id: str) -> None: ...
-    async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray) -> Generation: ...
+    async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray,
+                       seed: int | None = None) -> Generation: ...
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
         """Abort the trial's generation; with ``sandbox_id``, also stop its running command and sandbox."""
     async def verify(self, trial_id: str, task_id: str) -> VerifierResult: ...
     async def log(self, *events: Any) -> None: ...
     def learner_version(self) -> int: ...
+
+
+def eval_seed(task_id: str, turn: int) -> int:
+    """The sampling seed of an eval turn: a function of the task and the turn only (common random numbers).
+
+    The before and after evals of a run then draw the same uniforms for each task, so a task that flips
+    between them flipped because the policy changed, not because the draw did: the paired test
+    (``eval_stats``) sees the update's effect instead of two independent samples' noise.
+    """
+    digest = hashlib.blake2b(f"{task_id}/{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 2  # < 2**62, what the samplers accept
 
 
 @dataclass
@@ -68,16 +81,18 @@ class TrialRunner:
         return f"{self.run_tag}-{split}-{next(self._ids):06d}"
 
     async def play(self, trial_id: str, task_id: str, *, rollout: TrialRollout | None = None,
-                   sandbox_id: str | None = None) -> TrialRollout:
+                   sandbox_id: str | None = None, seeded: bool = False) -> TrialRollout:
         """The agent's turns only (sampler + sandbox); the sandbox stays open for the verifier.
 
         ``sandbox_id`` is the trial whose sandbox this one works in: a continuation keeps its original's.
+        ``seeded``: each turn samples with ``eval_seed(task_id, turn)`` (evals); else the sampler's own draws.
         """
         ports, task = self.ports, self.tasks[task_id]
         sandbox_id = sandbox_id or trial_id
 
         async def sample(prompt_ids: np.ndarray, turn: int) -> Generation:
-            return await ports.generate(trial_id, turn, prompt_ids)
+            seed = eval_seed(task_id, turn) if seeded else None
+            return await ports.generate(trial_id, turn, prompt_ids, seed=seed)
 
         async def execute(command: str, turn: int) -> ToolOutcome:
             return await ports.execute(sandbox_id, turn, command, task.limits.command_timeout_s)
@@ -113,7 +128,7 @@ async def play_once(runner: TrialRunner, task_id: str, split: str, *, assemble: 
                                        policy_version_wanted=runner.ports.learner_version()))
     await runner.ports.open_sandbox(trial_id, task_id)
     try:
-        rollout = await runner.play(trial_id, task_id)
+        rollout = await runner.play(trial_id, task_id, seeded=split == "eval")
         return await runner.finish(trial_id, task_id, rollout, assemble=assemble)
     finally:
         with trio.CancelScope(shield=True):

@@ -34,8 +34,9 @@ class InProcessPorts:
         if sandbox is not None:
             await trio.to_thread.run_sync(sandbox.close)
 
-    async def generate(self, trial_id, turn, prompt_ids):
-        [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), self.params)])
+    async def generate(self, trial_id, turn, prompt_ids, seed=None):
+        params = self.params if seed is None else self.params.model_copy(update={"seed": seed})
+        [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), params)])
         return Generation(g.output_ids, g.logprobs, g.routing, g.policy_version, g.finish_reason)
 
     async def cancel(self, trial_id, *, sandbox_id=None):

@@ -18,7 +18,7 @@ from t1_actors.policy.sampling import SamplingParams
 from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
 from t1_actors.rollout import RolloutLimits
 from t1_actors.tasks import generate
-from t1_actors.trials import TrialRunner, run_batches, run_eval, run_warmup
+from t1_actors.trials import TrialRunner, eval_seed, play_all, run_batches, run_eval, run_warmup
 from t1_actors.verification import Verifier, VerifierConfig
 from t1_actors.warmstart import chat_corpus
 
@@ -71,10 +71,10 @@ def world(tmp_path_factory):
     sandbox.close()
 
 
-def _run(world, body):
+def _run(world, body, seed=1):
     tasks, tokenizer, model, sandbox, verifier = world
     stop = special_token_ids(tokenizer)["<|im_end|>"]
-    params = SamplingParams(max_new_tokens=24, temperature=1.0, stop_ids=(stop,), seed=1)
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, stop_ids=(stop,), seed=seed)
 
     async def main():
         async with TorchSampler.open(model, config=SamplerConfig(max_batch=16)) as sampler:
@@ -94,6 +94,23 @@ def test_eval_scores_every_task_and_logs_the_facts(world):
     assert result.ci_low <= result.resolved / 6 <= result.ci_high
     assert sum(isinstance(e, TrialIssued) for e in ports.events) == 6
     assert any(isinstance(e, EvalResult) for e in ports.events)
+
+
+def test_evals_draw_common_random_numbers_and_training_trials_do_not(world):
+    """Two evals of one policy sample the same tokens task by task (eval_seed), so a task that flips between
+    a run's before and after evals flipped because of the update; training trials keep independent draws."""
+    async def body(ports, runner, tasks):
+        ids = [t.id for t in tasks[:4]]
+        return [await play_all(runner, ids, split, assemble=False, concurrency=4)
+                for split in ("eval", "eval", "train", "train")]
+
+    def sampled(outcomes):
+        return {o.task_id: [t.generation.output_ids.tolist() for t in o.rollout.turns] for o in outcomes}
+
+    first_eval, second_eval, first_train, second_train = (sampled(p) for p in _run(world, body, seed=None))
+    assert first_eval == second_eval
+    assert first_train != second_train
+    assert eval_seed("a", 0) == eval_seed("a", 0) != eval_seed("a", 1) != eval_seed("b", 1)
 
 
 def test_warmup_logs_trajectories_with_zero_drift(world):
