@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class StalenessConfig(BaseModel):
@@ -24,6 +24,13 @@ class StalenessConfig(BaseModel):
     on_cancel: Literal["drop", "continue"] = "continue"  # cancelled tail: dropped, or resumed later
     max_in_flight: int = Field(48, gt=0)  # trials (and so sandboxes) running at once, whatever oversample asks
     group_size: int = Field(1, gt=0)  # trials of each task issued one after another (a group, for rloo)
+
+    @model_validator(mode="after")
+    def _check(self) -> "StalenessConfig":
+        if self.max_in_flight < self.batch_size:
+            raise ValueError(f"max_in_flight = {self.max_in_flight} is below batch_size = {self.batch_size}: a batch "
+                             f"could never fill; raise max_in_flight to at least {self.batch_size}")
+        return self
 
 
 def policy_lag(learner_version: int, trial_version: int) -> int:

@@ -32,6 +32,8 @@ def test_admission_rules():
         admit(-1, 1)
     assert trials_to_launch(32, 0.25) == 40 and trials_to_launch(4, 0.0) == 4
     assert trials_to_launch(32, 1.0, max_in_flight=48) == 48 and trials_to_launch(32, 0.25, max_in_flight=8) == 32
+    with pytest.raises(ValueError, match="max_in_flight = 8 is below batch_size = 32"):
+        StalenessConfig(batch_size=32, max_in_flight=8)
     low, high = wilson_interval(50, 100)
     assert 0.40 < low < 0.5 < high < 0.6
     assert wilson_interval(0, 0) == (0.0, 1.0)
