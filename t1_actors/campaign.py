@@ -157,7 +157,7 @@ def check_warm_start_tasks(previous: Path, tasks) -> None:
     """Refuse a warm start whose SFT was fitted on this run's RL tasks: that would quietly undo ``rl_size``."""
     from .tasks import TasksConfig, build_task_sets
 
-    if len(tasks.rl) == len(tasks.train):
+    if not tasks.carved:
         return  # no carve-out asked for: RL shares the SFT tasks by design
     resolved = previous / "config.resolved.json"
     try:
@@ -329,7 +329,7 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
 
     with console.status("[bold]1/5 task corpus[/]"):
         tasks = build_task_sets(config.section("tasks"))
-    carved = f" (SFT on {len(tasks.sft)}, RL on the other {len(tasks.rl)})" if len(tasks.rl) < len(tasks.train) else ""
+    carved = f" (SFT on {len(tasks.sft)}, RL on the other {len(tasks.rl)})" if tasks.carved else ""
     console.log(f"corpus: {len(tasks.train)} train / {len(tasks.eval)} eval tasks{carved}")
     if campaign.warm_start_from is not None:
         check_warm_start_tasks(Path(campaign.warm_start_from), tasks)

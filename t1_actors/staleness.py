@@ -92,7 +92,7 @@ class StalenessActor(Actor):
         sampler = self.config.section("sampler")
         self.temperature, self.top_p = sampler.temperature, sampler.top_p
         sets = await trio.to_thread.run_sync(build_task_sets, self.config.section("tasks"))
-        self.train_ids = [t.id for t in sets.rl]  # RL's tasks ([tasks] rl_size)
+        self.rl_ids = [t.id for t in sets.rl]  # train tasks RL may draw ([tasks] rl_size)
         self.eval_ids = [t.id for t in sets.eval]
         self.tasks = sets.by_id
         self.tokenizer = load_tokenizer(tokenizer_path(self.ctx.run_dir))
@@ -150,13 +150,13 @@ class StalenessActor(Actor):
             if self.campaign.warmup_trials and not await self._events("critic_warmup"):
                 self.logger.info("phase", phase="warmup", n=self.campaign.warmup_trials)
                 rng = random.Random(self.campaign.seed + 1)
-                warm_ids = rng.sample(self.train_ids, min(self.campaign.warmup_trials, len(self.train_ids)))
+                warm_ids = rng.sample(self.rl_ids, min(self.campaign.warmup_trials, len(self.rl_ids)))
                 trial_ids = await run_warmup(runner, warm_ids, concurrency=self.campaign.eval_concurrency)
                 await self.peer("critic").call_bulk(Generic(op="critic_warmup", args={"trial_ids": trial_ids}))
             if "after" not in done:
                 self.logger.info("phase", phase="rl", seconds=self.campaign.rl_seconds)
                 rng = random.Random(self.campaign.seed + 2)
-                order = grouped(itertools.cycle(rng.sample(self.train_ids, len(self.train_ids))),
+                order = grouped(itertools.cycle(rng.sample(self.rl_ids, len(self.rl_ids))),
                                 self.staleness.group_size)
                 end = trio.current_time() + self._rl_seconds_left()
 

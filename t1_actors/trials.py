@@ -47,7 +47,7 @@ def eval_seed(task_id: str, turn: int) -> int:
     (``eval_stats``) sees the update's effect instead of two independent samples' noise.
     """
     digest = hashlib.blake2b(f"{task_id}/{turn}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 2  # < 2**62, what the samplers accept
+    return int.from_bytes(digest, "big") >> 2  # < 2**62, the range the torch sampler draws its own seeds from
 
 
 @dataclass

@@ -36,7 +36,8 @@ class TasksConfig(BaseModel):
 
 @dataclass(frozen=True)
 class TaskSets:
-    """``train`` = ``sft`` + ``rl`` when ``[tasks] rl_size`` carves RL tasks out; else all three are one list.
+    """With ``[tasks] rl_size`` the synthetic train tasks split into ``sft`` and ``rl`` (own train task
+    directories belong to both); without it ``sft`` and ``rl`` are the whole ``train`` list.
 
     Why carve: an SFT policy memorises the tasks it was fitted on (c2: 90-98 % resolved on them at T = 1.0,
     67-73 % on unseen ones), so RL on those tasks sees mostly all-solved groups and no learning signal.
@@ -47,6 +48,11 @@ class TaskSets:
     by_id: dict[str, Task] = field(default_factory=dict)
     sft: list[Task] = field(default_factory=list)
     rl: list[Task] = field(default_factory=list)
+
+    @property
+    def carved(self) -> bool:
+        """Whether RL has train tasks of its own (``[tasks] rl_size`` > 0)."""
+        return len(self.rl) < len(self.train)
 
     def get(self, task_id: str) -> Task:
         try:
@@ -68,9 +74,10 @@ def build_task_sets(config: TasksConfig) -> TaskSets:
         if task.id in by_id:
             raise ValueError(f"task id {task.id!r} appears twice in the run's task sets; rename one")
         by_id[task.id] = task
-    # The carve-out is synthetic only; own train task directories serve both phases.
-    synthetic, loaded = train[: config.train_size], train[config.train_size:]
-    cut = config.train_size - config.rl_size if config.rl_size else config.train_size
-    sft = synthetic[:cut] + loaded
-    rl = (synthetic[cut:] if config.rl_size else synthetic) + loaded
+    if config.rl_size:  # the carve-out is synthetic only; own train task directories serve both phases
+        cut = config.train_size - config.rl_size
+        synthetic, loaded = train[: config.train_size], train[config.train_size:]
+        sft, rl = synthetic[:cut] + loaded, synthetic[cut:] + loaded
+    else:
+        sft, rl = list(train), list(train)
     return TaskSets(train=train, eval=evaluation, by_id=by_id, sft=sft, rl=rl)
