@@ -246,6 +246,7 @@ def load_campaign_config(path: str | Path, *, quick: bool = False, run_dir: str 
     config = parse_config(data, str(path))
     check_temperatures(config, str(path))
     check_groups(config, str(path))
+    check_actor_params(config, str(path))
     return config
 
 
@@ -267,6 +268,17 @@ def check_groups(config, source: str) -> None:
     if estimator == "rloo" and size < 2:
         raise ConfigError(f"{source}: [ppo] advantage_estimator = 'rloo' but [staleness] group_size = {size}; "
                           "set group_size >= 2 (trials per task) or advantage_estimator = 'gae'")
+
+
+def check_actor_params(config, source: str) -> None:
+    """Training part of the policy is the torch learner's: refused before any process starts otherwise."""
+    from .config import ConfigError
+
+    ppo_cfg, backend = config.section("ppo"), config.section("learner").backend
+    if ppo_cfg.trains_part_of_policy and backend != "torch":
+        raise ConfigError(f"{source}: [ppo] actor_params = {list(ppo_cfg.actor_params)} but [learner] backend = "
+                          f"{backend!r}, which trains the whole policy only; use backend = 'torch' or "
+                          "actor_params = ['*']")
 
 
 def _deep_merge(base: dict, top: dict) -> dict:

@@ -49,6 +49,11 @@ class PPOConfig(BaseModel):
     policy_optimizer: Literal["adamw", "sgd"] = Field(
         "adamw", description="the actor's optimiser (the critic keeps AdamW); sgd: each update is at most "
                              "actor_lr * max_grad_norm long, along the gradient")
+    actor_params: tuple[str, ...] = Field(
+        ("*",), min_length=1,
+        description="glob patterns over the policy's checkpoint tensor names (model.safetensors, e.g. "
+                    "'model.norm.weight', '*norm*'): RL updates the matching ones and freezes the rest; "
+                    "('*',) = all. Each pattern must match a tensor")
     epochs: int = Field(1, ge=1, description="passes over each batch per PPO step")
     minibatches: int = Field(1, ge=1, description="optimiser steps per epoch (batch split by trajectory)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature the logprobs are taken at")
@@ -75,12 +80,20 @@ class PPOConfig(BaseModel):
             raise ValueError("policy_optimizer = 'sgd' needs an explicit critic_lr: the critic keeps AdamW, and "
                              "critic_lr_ratio * an SGD learning rate is no AdamW rate; set [ppo] critic_lr "
                              "(e.g. 1.5e-3)")
+        if self.trains_part_of_policy and self.critic_lr is None:
+            raise ValueError(f"actor_params = {list(self.actor_params)} with no critic_lr: actor_lr is sized for the "
+                             "tensors RL updates, and critic_lr_ratio * it is no rate for the whole critic; set "
+                             "[ppo] critic_lr (e.g. 1.5e-3)")
         if self.advantage_estimator == "rloo" and self.normalize_advantages:
             raise ValueError("normalize_advantages = true with advantage_estimator = 'rloo': whitening centres A "
                              "over the batch, which gives every group whose attempts all scored alike (A = 0) a "
                              "push (upward whenever the batch's token-weighted mean of A is below 0); set "
                              "normalize_advantages = false (Adam is scale-free, rloo's A is already centred)")
         return self
+
+    @property
+    def trains_part_of_policy(self) -> bool:
+        return "*" not in self.actor_params
 
     @property
     def effective_critic_lr(self) -> float:

@@ -241,3 +241,29 @@ def test_sgd_policy_optimizer_moves_at_most_lr_times_max_grad_norm_along_the_gra
 def test_sgd_policy_optimizer_needs_an_explicit_critic_lr():
     with pytest.raises(ValueError, match="policy_optimizer = 'sgd' needs an explicit critic_lr"):
         PPOConfig(policy_optimizer="sgd", actor_lr=1.0)
+
+
+def test_actor_params_trains_the_matching_tensors_and_leaves_every_other_one_bit_identical():
+    policy = tiny_policy(3)
+    cfg = PPOConfig(actor_params=("model.norm.weight", "*.q_norm.weight"), actor_lr=1e-2, critic_lr=1e-3)
+    batch = batch_of(sample_trajectories(policy, 8, seed=3))
+    batch = batch.with_old_values(torch.full(batch.token_ids.shape, float(batch.rewards.mean())))
+    before = {name: p.detach().clone() for name, p in policy.named_parameters()}
+    learner = TorchLearner(policy, cfg, fidelity_metrics=False)
+    expected = ["model.norm.weight"] + [f"model.layers.{i}.self_attn.q_norm.weight" for i in range(L)]
+    assert sorted(learner.trained_params) == sorted(expected)
+    learner.step(batch)
+    for name, p in policy.named_parameters():
+        changed = not torch.equal(before[name], p.detach())
+        assert changed == (name in expected), name
+
+
+def test_actor_params_that_match_no_tensor_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"actor_params \['model.final_norm'\] match no policy tensor"):
+        TorchLearner(tiny_policy(), PPOConfig(actor_params=("model.norm.weight", "model.final_norm"), critic_lr=1e-3))
+
+
+def test_actor_params_for_part_of_the_policy_need_an_explicit_critic_lr():
+    with pytest.raises(ValueError, match="actor_params = \\['model.norm.weight'\\] with no critic_lr"):
+        PPOConfig(actor_params=("model.norm.weight",), actor_lr=2e-2)
+    assert not PPOConfig(actor_params=("*",)).trains_part_of_policy

@@ -153,3 +153,17 @@ def test_batches_admit_exactly_the_batch_and_record_the_cut_tail(world):
     assert {d.decision for d in decisions} <= {"admit", "drop", "cancel", "resume"}
     assert stats.cancelled == sum(d.decision == "cancel" for d in decisions)
     assert not ports.sandboxes, "every sandbox is closed at the end, cancelled ones included"
+
+
+def test_training_part_of_the_policy_on_the_megatron_learner_is_refused_before_anything_starts(tmp_path):
+    from pathlib import Path
+
+    from t1_actors.campaign import load_campaign_config
+    from t1_actors.config import ConfigError
+
+    text = (Path(__file__).resolve().parent.parent / "configs" / "tiny.toml").read_text()
+    assert 'actor_params = ["*norm*"]' in text  # the default trains the norm gains only
+    path = tmp_path / "run.toml"
+    path.write_text(text.replace('backend = "torch"\nthreads = 1', 'backend = "megatron"\nthreads = 1', 1))
+    with pytest.raises(ConfigError, match=r"actor_params = \['\*norm\*'\] but \[learner\] backend = 'megatron'"):
+        load_campaign_config(path)

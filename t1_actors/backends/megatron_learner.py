@@ -216,6 +216,9 @@ class MegatronLearner:
     def __init__(self, config: ModelConfig, cfg: ppo.PPOConfig, *, critic: TorchCritic | None = None,
                  policy_version: int = 0, replay: bool = True, fidelity_metrics: bool = True, seed: int = 0,
                  group=None):
+        if cfg.trains_part_of_policy:
+            raise ValueError(f"[ppo] actor_params = {list(cfg.actor_params)}: the megatron learner trains the whole "
+                             "policy only; use [learner] backend = 'torch' or actor_params = ['*']")
         self.config, self.cfg, self.critic = config, cfg, critic
         self.replay, self.fidelity_metrics, self.seed, self.group = replay, fidelity_metrics, seed, group
         self.model = build_gpt_model(config, seed=seed, aux_loss_coef=cfg.moe_aux_loss_coef)

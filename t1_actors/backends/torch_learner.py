@@ -17,6 +17,7 @@ Data parallel: call ``init_data_parallel()`` in each process (torchrun env), giv
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import io
 import os
@@ -62,6 +63,26 @@ def make_optimizer(module: torch.nn.Module, lr: float, cfg: ppo.PPOConfig,
     return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                               {"params": keep, "weight_decay": 0.0}],
                              lr=lr, betas=cfg.adam_betas, eps=cfg.adam_eps)
+
+
+def freeze_all_but(module: torch.nn.Module, patterns: Iterable[str]) -> list[str]:
+    """Leave ``requires_grad`` on only the parameters whose names match one of the glob ``patterns``
+    (``[ppo] actor_params``); the names RL will update. Why train part of the policy: one batch's
+    gradient over all 5.5 M weights is mostly noise on a near-deterministic policy, while a few shared
+    tensors (the output norm's gains scale every logit: the policy's confidence) get a clean signal
+    from every task (README, "RL on the tiny policy")."""
+    patterns = list(patterns)
+    names = [name for name, _ in module.named_parameters()]
+    unmatched = [pattern for pattern in patterns if not any(fnmatch.fnmatchcase(n, pattern) for n in names)]
+    if unmatched:
+        raise ValueError(f"[ppo] actor_params {unmatched} match no policy tensor; the names are the checkpoint's, "
+                         f"e.g. {names[:3]} ... {names[-2:]}")
+    trained = []
+    for name, param in module.named_parameters():
+        param.requires_grad_(any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
+        if param.requires_grad:
+            trained.append(name)
+    return trained
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -230,6 +251,7 @@ class TorchLearner:
                  seed: int = 0, group=None):
         self.policy, self.cfg, self.critic = policy, cfg, critic
         self.replay, self.fidelity_metrics, self.seed, self.group = replay, fidelity_metrics, seed, group
+        self.trained_params = freeze_all_but(policy, cfg.actor_params)
         self.optimizer = make_optimizer(policy, cfg.actor_lr, cfg, cfg.policy_optimizer)
         self.policy_version = policy_version
         self.step_count = 0
