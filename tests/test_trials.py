@@ -22,7 +22,7 @@ from t1_actors.trials import TrialRunner, eval_seed, play_all, run_batches, run_
 from t1_actors.verification import Verifier, VerifierConfig
 from t1_actors.warmstart import chat_corpus
 
-from _inprocess_ports import InProcessPorts
+from t1_actors.inprocess import InProcessPorts
 
 
 def test_admission_rules():

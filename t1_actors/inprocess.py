@@ -1,6 +1,7 @@
 """Real engines wired in one process: the torch sampler, the local sandbox and the verifier, no transport.
 
-Used by tests of the trial orchestration (t1_actors.trials); the actors wire the same ports over pynng.
+``TrialPorts`` (t1_actors.trials) for the synchronous probe (``t1-probe``) and the tests of the trial
+orchestration; the actors wire the same ports over pynng. Events are kept in ``events``, not logged.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from t1_actors.verification import Verifier
 
 
 class InProcessPorts:
+    """Each call goes straight to the engine; blocking sandbox and verifier calls run in worker threads."""
+
     def __init__(self, sampler, tasks: dict, params: SamplingParams, sandbox: LocalSandboxBackend, verifier: Verifier):
         self.sampler, self.tasks, self.params = sampler, tasks, params
         self.sandbox_backend, self.verifier = sandbox, verifier
