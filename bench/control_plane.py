@@ -11,7 +11,9 @@ receiver holds them all.
 
     python bench/control_plane.py [--calls 2000] [--blocks 10] [--bulk-mb 4] [--bulk-count 48]
 
-Last line: one JSON object with rtt_p50_ratio, rtt_p99_ms, bulk_ratio (targets: <= 1.5, >= 0.8).
+Last line: one JSON object with rtt_p50_ratio, rtt_p99_ms, bulk_ratio (targets: <= 1.5, >= 0.8), and
+rtt_gap_server_us / rtt_gap_client_us: the round-trip gap split by a third interleaved measurement, raw
+synchronous pynng calling the actor's server with sealed frames.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from schemas import decode, encode  # noqa: E402
 from schemas.messages import Generic, Ping  # noqa: E402
 from t1_actors.config import parse_config  # noqa: E402
 from t1_actors.runtime import Actor, connect, handles  # noqa: E402
+from t1_actors.runtime.auth import REQUEST, Sealer  # noqa: E402
+from t1_actors.runtime.wire import pack_envelope  # noqa: E402
 
 KEY = "bench-key-0123456789abcdef"
 PAYLOAD = b"x" * 256  # a small control message, like a heartbeat or a cancel
@@ -105,6 +109,21 @@ def raw_rtt_block(req: pynng.Req0, n: int) -> list[float]:
         t0 = time.perf_counter()
         req.send(wire)
         decode(req.recv())
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def raw_to_actor_rtt_block(req: pynng.Req0, n: int) -> list[float]:
+    """Raw synchronous pynng calling the actor's server with sealed Ping frames (sealed before the clock
+    starts): the runtime's server-side cost alone, for the split of the gap between its two sides."""
+    sealer = Sealer(KEY.encode())
+    frames = [sealer.seal(REQUEST, pack_envelope("bench", "bench-0", Ping(payload=PAYLOAD), os.urandom(8)))
+              for _ in range(n)]
+    times = []
+    for frame in frames:
+        t0 = time.perf_counter()
+        req.send(frame)
+        req.recv()
         times.append(time.perf_counter() - t0)
     return times
 
@@ -236,9 +255,12 @@ async def measure(args, config, rep_addr: str, pull_addr: str, raw_pid: int, act
                     break
                 except Exception:
                     await trio.sleep(0.1)
-        raw_rtt_block(req, 50)  # warm both paths
+        to_actor = pynng.Req0(recv_max_size=0, recv_timeout=60_000)
+        to_actor.dial(config.control_address(config.actor("bench-0")), block=False)
+        raw_rtt_block(req, 50)  # warm the paths
         await runtime_rtt_block(group, 50)
-        raw, rt = [], []
+        raw_to_actor_rtt_block(to_actor, 50)
+        raw, rt, half = [], [], []
         raw_cpu, rt_cpu = CpuMeter(raw_pid), CpuMeter(actor_pid)
         per_block = max(1, args.calls // args.blocks)
         for _ in range(args.blocks):
@@ -248,6 +270,8 @@ async def measure(args, config, rep_addr: str, pull_addr: str, raw_pid: int, act
             rt_cpu.start()
             rt += await runtime_rtt_block(group, per_block)
             rt_cpu.stop(per_block)
+            half += raw_to_actor_rtt_block(to_actor, per_block)
+        to_actor.close()
         blob = os.urandom(int(args.bulk_mb * (1 << 20)))
         raw_bulk(req, push, blob, 4)
         await runtime_bulk(group, blob, 4)
@@ -272,6 +296,9 @@ async def measure(args, config, rep_addr: str, pull_addr: str, raw_pid: int, act
         "bulk_ratio": round(rt_bulk_mbps / raw_bulk_mbps, 3),
         "rtt_p50_us": round(rt_p50 * 1e6, 1), "raw_rtt_p50_us": round(raw_p50 * 1e6, 1),
         "raw_rtt_p99_ms": round(pct(raw, 0.99) * 1e3, 3),
+        # where the gap sits: raw client -> runtime server minus raw; the runtime client is the rest
+        "rtt_gap_server_us": round((pct(half, 0.5) - raw_p50) * 1e6, 1),
+        "rtt_gap_client_us": round((rt_p50 - pct(half, 0.5)) * 1e6, 1),
         # CPU per round trip (caller, server), all threads: the busy-poll's cost shows here.
         "rtt_cpu_us": rt_cpu.per_op_us(), "raw_rtt_cpu_us": raw_cpu.per_op_us(),
         "bulk_MBps": round(rt_bulk_mbps, 1), "raw_bulk_MBps": round(raw_bulk_mbps, 1),
