@@ -70,7 +70,7 @@ def freeze_all_but(module: torch.nn.Module, patterns: Iterable[str]) -> list[str
     (``[ppo] actor_params``); the names RL will update. Why train part of the policy: one batch's
     gradient over all 5.5 M weights is mostly noise on a near-deterministic policy, while a few shared
     tensors (the output norm's gains scale every logit: the policy's confidence) get a clean signal
-    from every task (README, "RL on the tiny policy")."""
+    from every task (README, Measured: "The campaign"). The config decides every parameter: "*" = all."""
     patterns = list(patterns)
     names = [name for name, _ in module.named_parameters()]
     unmatched = [pattern for pattern in patterns if not any(fnmatch.fnmatchcase(n, pattern) for n in names)]
