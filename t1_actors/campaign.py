@@ -91,7 +91,7 @@ def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int):
     return tokenizer
 
 
-def warm_start(run_dir: Path, config, tasks, tokenizer, *, pool_progress=None, progress=None) -> tuple[Any, dict[str, Any]]:
+def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -> tuple[Any, dict[str, Any]]:
     """Phase 3: execute the training split's oracles, then SFT on them; returns the policy and a report."""
     from .backends.local_sandbox import LocalSandboxBackend
     from .policy import MoEPolicy
@@ -399,7 +399,7 @@ def _sft_with_progress(run_dir, config, tasks, tokenizer, campaign):
             bar.update(sft, completed=min(int(time.monotonic() - start[0]), int(campaign.sft_seconds)),
                        info=f"step {step} loss {loss:.3f}")
 
-        return warm_start(run_dir, config, tasks, tokenizer, pool_progress=pool_progress, progress=progress)
+        return warm_start(config, tasks, tokenizer, pool_progress=pool_progress, progress=progress)
 
 
 async def _run_actors(config, campaign: CampaignConfig, console) -> None:
