@@ -92,7 +92,7 @@ def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int):
 
 
 def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -> tuple[Any, dict[str, Any]]:
-    """Phase 3: execute the training split's oracles, then SFT on them; returns the policy and a report."""
+    """Phase 3: execute the SFT tasks' oracles (``tasks.sft``), then SFT on them; returns the policy and a report."""
     from .backends.local_sandbox import LocalSandboxBackend
     from .policy import MoEPolicy
     from .policy.tokenizer import special_token_ids
@@ -359,7 +359,7 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
         config = _with_vocab(config, tokenizer.get_vocab_size())
         timings["prepare_s"] = time.monotonic() - started
         sft_start = time.monotonic()
-        policy, sft = _sft_with_progress(run_dir, config, tasks, tokenizer, campaign)
+        policy, sft = _sft_with_progress(config, tasks, tokenizer, campaign)
         timings["sft_s"] = time.monotonic() - sft_start
         console.log(f"oracle pool: {sft['distinct_examples']} executed oracle chats in {sft['oracle_pool_seconds']:.0f} s; "
                     f"SFT: {sft['steps']} steps ({sft['epochs']:.1f} epochs), loss {sft['final_loss']:.3f}, "
@@ -380,7 +380,7 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
     return summarise(run_dir, run_config, sft=sft, timings=timings, console=console, write_report=write_report)
 
 
-def _sft_with_progress(run_dir, config, tasks, tokenizer, campaign):
+def _sft_with_progress(config, tasks, tokenizer, campaign):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     with Progress(TextColumn("[bold]3/5 {task.description}"), BarColumn(), MofNCompleteColumn(),

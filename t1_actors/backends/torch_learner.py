@@ -53,7 +53,7 @@ def make_optimizer(module: torch.nn.Module, lr: float, cfg: ppo.PPOConfig,
     ``kind = "sgd"`` (``[ppo] policy_optimizer``): plain SGD, no momentum, no decay. With the gradient clipped
     to ``max_grad_norm`` every update is at most ``lr * max_grad_norm`` long, along the gradient. Why: on a
     near-deterministic policy most per-weight gradients are noise, which Adam scales up to full-size steps
-    (see README, "RL on the tiny policy")."""
+    (see README, Measured: "The campaign")."""
     if kind == "sgd":
         return torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=lr)
     if kind != "adamw":
@@ -72,16 +72,15 @@ def freeze_all_but(module: torch.nn.Module, patterns: Iterable[str]) -> list[str
     tensors (the output norm's gains scale every logit: the policy's confidence) get a clean signal
     from every task (README, Measured: "The campaign"). The config decides every parameter: "*" = all."""
     patterns = list(patterns)
-    names = [name for name, _ in module.named_parameters()]
-    unmatched = [pattern for pattern in patterns if not any(fnmatch.fnmatchcase(n, pattern) for n in names)]
+    params = dict(module.named_parameters())
+    trained = [name for name in params if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)]
+    unmatched = [pattern for pattern in patterns if not any(fnmatch.fnmatchcase(n, pattern) for n in trained)]
     if unmatched:
+        names = list(params)
         raise ValueError(f"[ppo] actor_params {unmatched} match no policy tensor; the names are the checkpoint's, "
                          f"e.g. {names[:3]} ... {names[-2:]}")
-    trained = []
-    for name, param in module.named_parameters():
-        param.requires_grad_(any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
-        if param.requires_grad:
-            trained.append(name)
+    for name, param in params.items():
+        param.requires_grad_(name in trained)
     return trained
 
 
