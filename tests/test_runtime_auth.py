@@ -78,3 +78,64 @@ def test_fuzzed_frames_never_pass(garbage, cut, patch):
     if mutated != real:
         with pytest.raises(AuthError):
             opener.open(REQUEST, mutated)
+
+
+# ---- bulk frames: AES-256-GMAC -------------------------------------------------------------------
+BIG = bytes(range(256)) * 4096 * 9  # 9 MiB: over OFFLOAD_BYTES, so the worker-thread path runs too
+
+
+def _bulk_frame(body: bytes, key: bytes = KEY) -> bytes:
+    return Sealer(key).seal(BULK, body)
+
+
+def test_bulk_mac_is_aes256_gmac_of_prefix_and_body():
+    """The documented construction, recomputed independently: GCM with no plaintext, the frame as
+    associated data, the IV the nonce's first 12 bytes, the key HMAC-SHA256(run key, label)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    body = b"\x93\x01\x02\x03" * 100
+    sealed = _bulk_frame(body)
+    prefix, tag = sealed[:28], sealed[28:44]
+    key = hmac.new(KEY, b"t1 bulk frame AES-256-GMAC key", hashlib.sha256).digest()
+    assert AESGCM(key).encrypt(prefix[12:24], b"", prefix + body) == tag
+    assert sealed[44:] == body
+    assert bytes(Opener(KEY, 60).open(BULK, sealed)) == body
+
+
+@pytest.mark.parametrize("where", [0, 3, 5, 20, 30, 50, len(BIG) // 2, -1])
+def test_bulk_frames_tampered_anywhere_are_refused(where):
+    sealed = bytearray(_bulk_frame(BIG))
+    sealed[where] ^= 0x01
+    expected = {0: "unsigned", 3: "wrong_channel"}.get(where, "bad_mac")
+    assert reason(lambda: Opener(KEY, 60).open(BULK, bytes(sealed))) == expected
+
+
+def test_bulk_and_control_macs_do_not_stand_in_for_each_other():
+    body = pack_envelope("a", "b", Ping(payload=b"hi"), b"12345678")
+    control = Sealer(KEY).seal(REQUEST, body)
+    as_bulk = b"T1\x01" + BULK + control[4:]  # the HMAC'd frame relabelled as bulk
+    assert reason(lambda: Opener(KEY, 60).open(BULK, as_bulk)) == "bad_mac"
+    bulk = _bulk_frame(body)
+    as_request = b"T1\x01" + REQUEST + bulk[4:]
+    assert reason(lambda: Opener(KEY, 60).open(REQUEST, as_request)) == "bad_mac"
+    assert reason(lambda: Opener(b"x" * 32, 60).open(BULK, bulk)) == "bad_mac"  # another run's key
+
+
+def test_large_bulk_frames_are_sealed_and_checked_in_a_worker_thread():
+    import trio
+
+    async def main():
+        sealer, opener = Sealer(KEY), Opener(KEY, 60)
+        header = await sealer.aheader(BULK, BIG[:1000], BIG[1000:])
+        assert header == header[:28] + sealer._macs[BULK].digest(header[:28], BIG)  # same MAC as inline
+        assert bytes(await opener.aopen(BULK, header + BIG)) == BIG
+        tampered = bytearray(header + BIG)
+        tampered[-1] ^= 1
+        with pytest.raises(AuthError) as err:
+            await opener.aopen(BULK, bytes(tampered))
+        assert err.value.reason == "bad_mac"
+        with pytest.raises(AuthError) as err:
+            await opener.aopen(BULK, header + BIG)
+        assert err.value.reason == "replayed"
+
+    trio.run(main)

@@ -18,6 +18,7 @@ from .actor import Actor, ActorContext
 from .auth import Opener, Sealer
 from .errors import DeadlineExceeded, RemoteError
 from .logs import configure_logging
+from .memory import keep_freed_buffers
 from .peers import Peers
 from .process import wait_for_exit
 from .transport import BulkInbox, ControlServer, RejectLog
@@ -268,6 +269,7 @@ def run_actor_process(actor_cls: type[Actor], config: RunConfig, name: str, *,
     With ``supervisor_pid`` the actor shuts down cleanly when that process exits (no orphans)."""
     spec = config.actor(name)
     logger = configure_logging(actor=name, role=spec.role, run_id=config.run.id)
+    keep_freed_buffers()  # bulk messages reuse freed buffers instead of page-faulting fresh ones (memory.py)
     host = ActorHost(actor_cls, config, name, logger=logger)
     try:
         trio.run(lambda: host.serve(handle_signals=True, supervisor_pid=supervisor_pid))

@@ -215,7 +215,7 @@ class BulkInbox:
 class BulkOutbox:
     """Pushes bulk messages to one peer's inbox; a push waits until nng has taken the message. Large
     bytes and arrays are not copied by encoding: each is copied once, from the record into the nng
-    message, behind the 60-byte sealed header."""
+    message, behind the sealed header."""
 
     def __init__(self, me: str, peer: str, address: str, sealer: Sealer):
         self.me, self.peer, self.address = me, peer, address
