@@ -19,7 +19,9 @@ where the round-trip gap goes:
   RawRep that echoes, no sealing, envelope or dispatch) versus raw: what trio + pynng cost by themselves;
 - rtt_work_us: the CPU the runtime's message work takes per round trip on both sides (seal, open,
   envelope, record validation, the Pong), timed hot in this process; rtt_floor_ratio = (bare p50 +
-  rtt_work_us) / raw p50, the ratio the runtime could reach if nothing else cost anything.
+  rtt_work_us) / raw p50, the ratio the runtime could reach if nothing else cost anything;
+and mac_GBps: the single-thread speed of each MAC (HMAC-SHA256 for control frames, AES-256-GMAC for
+bulk), which every bulk byte pays once on each side.
 """
 
 from __future__ import annotations
@@ -200,6 +202,20 @@ def rtt_work_us() -> float:
     return min(timeit.repeat(round_trip, number=2000, repeat=5)) / 2000 * 1e6
 
 
+def mac_GBps(blob: bytes) -> dict[str, float]:
+    """Single-thread speed of the control frames' MAC and the bulk frames' MAC over one bulk message:
+    what one check per side costs against the bytes raw pynng only moves."""
+    import timeit
+
+    from t1_actors.runtime.auth import BULK
+
+    macs = Sealer(KEY.encode())._macs
+    prefix = bytes(28)
+    return {name: round(len(blob) / (min(timeit.repeat(lambda: macs[channel].digest(prefix, blob), number=5,
+                                                       repeat=5)) / 5) / 1e9, 2)
+            for name, channel in (("hmac_sha256", REQUEST), ("aes_gmac", BULK))}
+
+
 async def runtime_rtt_block(group, n: int) -> list[float]:
     record = Ping(payload=PAYLOAD)
     times = []
@@ -363,6 +379,7 @@ async def measure(args, config, rep_addr: str, pull_addr: str, bare_addr: str, r
             rt_bulk_cpu.start()
             rt_mbps.append(await runtime_bulk(group, blob, args.bulk_count))
             rt_bulk_cpu.stop(args.bulk_count)
+        macs = mac_GBps(blob)
     req.send(b"stop")
     req.recv()
     req.close()
@@ -389,6 +406,7 @@ async def measure(args, config, rep_addr: str, pull_addr: str, bare_addr: str, r
         # CPU per bulk message (sender, receiver), all threads
         "bulk_cpu_ms": [round(v / 1e3, 2) for v in rt_bulk_cpu.per_op_us()],
         "raw_bulk_cpu_ms": [round(v / 1e3, 2) for v in raw_bulk_cpu.per_op_us()],
+        "mac_GBps": macs,
         "calls": len(rt), "bulk_message_MiB": args.bulk_mb, "bulk_count": args.bulk_count,
         "transport": "ipc", "cpus": os.cpu_count(), "load_average": round(os.getloadavg()[0], 1),
         "targets_met": rt_p50 / raw_p50 <= 1.5 and bulk_ratio >= 0.8,

@@ -21,5 +21,6 @@ def test_control_plane_bench_reports_its_figures():
     for key in ("rtt_p50_ratio", "rtt_p99_ms", "bulk_ratio", "rtt_bare_ratio", "rtt_floor_ratio", "rtt_work_us",
                 "bulk_MBps", "raw_bulk_MBps"):
         assert result[key] > 0, key
+    assert result["mac_GBps"]["aes_gmac"] > 0 and result["mac_GBps"]["hmac_sha256"] > 0
     assert result["calls"] == 40 and result["bulk_count"] == 4
     assert isinstance(result["targets_met"], bool)
