@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from schemas.messages import Ping
-from t1_actors.runtime.auth import BULK, REPLY, REQUEST, Opener, Sealer
+from t1_actors.runtime.auth import BULK, MAGIC, REPLY, REQUEST, Opener, Sealer
 from t1_actors.runtime.errors import AuthError
 from t1_actors.runtime.wire import pack_envelope, unpack_envelope
 
@@ -50,9 +50,17 @@ def test_rejections_have_reasons():
 
 
 def _sealed_at(sent_ns: int, body: bytes = b"\x80") -> bytes:
-    prefix = b"T1\x01" + REQUEST + struct.pack(">Q", sent_ns) + b"n" * 16
+    prefix = MAGIC + REQUEST + struct.pack(">Q", sent_ns) + b"n" * 16
     mac = hmac.new(KEY, prefix + body, hashlib.sha256).digest()
     return prefix + mac + body
+
+
+def test_frames_of_another_wire_version_are_refused_by_name():
+    """A peer running an older t1 (wire version 1 sealed bulk frames with HMAC too) is told apart from a forger."""
+    old = b"T1\x01" + frame()[3:]
+    with pytest.raises(AuthError, match="wire version 1 .* speaks version 2: run the same t1 release") as err:
+        Opener(KEY, 60).open(REQUEST, old)
+    assert err.value.reason == "version"
 
 
 def test_stale_and_future_frames():
@@ -102,21 +110,21 @@ def test_bulk_mac_is_aes256_gmac_of_prefix_and_body():
     assert bytes(Opener(KEY, 60).open(BULK, sealed)) == body
 
 
-@pytest.mark.parametrize("where", [0, 3, 5, 20, 30, 50, len(BIG) // 2, -1])
+@pytest.mark.parametrize("where", [0, 2, 3, 5, 20, 30, 50, len(BIG) // 2, -1])
 def test_bulk_frames_tampered_anywhere_are_refused(where):
     sealed = bytearray(_bulk_frame(BIG))
     sealed[where] ^= 0x01
-    expected = {0: "unsigned", 3: "wrong_channel"}.get(where, "bad_mac")
+    expected = {0: "unsigned", 2: "version", 3: "wrong_channel"}.get(where, "bad_mac")
     assert reason(lambda: Opener(KEY, 60).open(BULK, bytes(sealed))) == expected
 
 
 def test_bulk_and_control_macs_do_not_stand_in_for_each_other():
     body = pack_envelope("a", "b", Ping(payload=b"hi"), b"12345678")
     control = Sealer(KEY).seal(REQUEST, body)
-    as_bulk = b"T1\x01" + BULK + control[4:]  # the HMAC'd frame relabelled as bulk
+    as_bulk = MAGIC + BULK + control[4:]  # the HMAC'd frame relabelled as bulk
     assert reason(lambda: Opener(KEY, 60).open(BULK, as_bulk)) == "bad_mac"
     bulk = _bulk_frame(body)
-    as_request = b"T1\x01" + REQUEST + bulk[4:]
+    as_request = MAGIC + REQUEST + bulk[4:]
     assert reason(lambda: Opener(KEY, 60).open(REQUEST, as_request)) == "bad_mac"
     assert reason(lambda: Opener(b"x" * 32, 60).open(BULK, bulk)) == "bad_mac"  # another run's key
 

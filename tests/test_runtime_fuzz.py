@@ -22,7 +22,7 @@ import trio
 from schemas.messages import Generic, Ping, Pong
 from t1_actors.config import load_config
 from t1_actors.runtime import DeadlineExceeded, connect
-from t1_actors.runtime.auth import REQUEST, Sealer
+from t1_actors.runtime.auth import MAGIC, REQUEST, Sealer
 from t1_actors.runtime.wire import pack_envelope
 
 KEY = "fuzz-key-0123456789abcdef"
@@ -51,13 +51,13 @@ async def wait_answering(peers, name: str, within_s: float = 120) -> None:
 
 
 def stale_frame(key: bytes, body: bytes) -> bytes:
-    prefix = b"T1\x01" + REQUEST + struct.pack(">Q", time.time_ns() - 3600 * 10**9) + os.urandom(16)
+    prefix = MAGIC + REQUEST + struct.pack(">Q", time.time_ns() - 3600 * 10**9) + os.urandom(16)
     return prefix + hmac.new(key, prefix + body, hashlib.sha256).digest() + body
 
 
 def authentic_garbage(key: bytes, rng: random.Random) -> bytes:
     body = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 64)))
-    prefix = b"T1\x01" + REQUEST + struct.pack(">Q", time.time_ns()) + os.urandom(16)
+    prefix = MAGIC + REQUEST + struct.pack(">Q", time.time_ns()) + os.urandom(16)
     return prefix + hmac.new(key, prefix + body, hashlib.sha256).digest() + body
 
 
@@ -72,13 +72,13 @@ def forged_frames(n: int, replay: bytes, rng: random.Random) -> list[tuple[str, 
         elif kind == 1:
             out.append(("unsigned", b"X" + os.urandom(rng.randint(60, 400))))
         elif kind == 2:  # right layout, made-up MAC
-            out.append(("bad_mac", b"T1\x01Q" + struct.pack(">Q", time.time_ns()) + os.urandom(rng.randint(56, 300))))
+            out.append(("bad_mac", MAGIC + b"Q" + struct.pack(">Q", time.time_ns()) + os.urandom(rng.randint(56, 300))))
         elif kind == 3:  # sealed with another run's key
             out.append(("bad_mac", Sealer(b"other-run-key-xxxxxxxx").seal(REQUEST, pack_envelope("x", "echo-0", Ping(), b"1"))))
         elif kind == 4:  # a real frame with one bit flipped
             frame = bytearray(good.seal(REQUEST, pack_envelope("x", "echo-0", Ping(), b"1")))
             frame[rng.randrange(4, len(frame))] ^= 1 << rng.randrange(8)
-            out.append(("bad_mac" if frame[:4] == b"T1\x01Q" else "x", bytes(frame)))
+            out.append(("bad_mac" if frame[:4] == MAGIC + b"Q" else "x", bytes(frame)))
         elif kind == 5:
             out.append(("replayed", replay))
         elif kind == 6:

@@ -2,7 +2,8 @@
 
 Frame layout (all of it but the MAC is covered by the MAC)::
 
-    0:3      magic b"T1\\x01"
+    0:2      magic b"T1"
+    2        wire version: 2 (1 sealed bulk frames with HMAC-SHA256 too)
     3        channel: b"Q" request, b"R" reply, b"B" bulk (a frame is valid on its own channel only)
     4:12     send time, ns since the epoch, big-endian
     12:28    nonce, 16 random bytes
@@ -15,7 +16,7 @@ it covers every byte like the HMAC but runs ~5x faster on AES-NI/PCLMUL hardware
 alone would cost as much CPU per bulk byte as nng moving it (bench/control_plane.py). Each channel has
 exactly one MAC, so a frame cannot be downgraded to the other.
 
-A receiver drops a frame that is too short, has the wrong magic or channel, a MAC that does not
+A receiver drops a frame that is too short, has the wrong magic, version or channel, a MAC that does not
 match, a time outside ``max_age_s`` of its own clock, or a nonce it has already accepted.
 """
 
@@ -33,7 +34,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from .errors import AuthError
 
-MAGIC = b"T1\x01"
+WIRE_VERSION = 2
+MAGIC = b"T1" + bytes([WIRE_VERSION])
 REQUEST, REPLY, BULK = b"Q", b"R", b"B"
 _PREFIX = 28
 _MAX_NONCES = 4_000_000
@@ -144,8 +146,11 @@ class Opener:
         header = _PREFIX + mac.size
         if len(view) < header:
             raise AuthError("short", f"{len(view)} bytes, a {channel.decode()} frame has at least {header}")
-        if view[:3] != MAGIC:
+        if view[:2] != MAGIC[:2]:
             raise AuthError("unsigned", "no t1 frame header")
+        if view[2] != WIRE_VERSION:
+            raise AuthError("version", f"a wire version {view[2]} frame; this runtime speaks version {WIRE_VERSION}: "
+                            "run the same t1 release on every host")
         if view[3:4] != channel:
             raise AuthError("wrong_channel", f"{bytes(view[3:4])!r} frame on the {channel!r} channel")
         if not hmac.compare_digest(mac.digest(view[:_PREFIX], view[header:]), view[_PREFIX:header]):
