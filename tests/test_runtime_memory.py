@@ -38,5 +38,7 @@ def faults_per_buffer(keep: bool) -> float:
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt thresholds are glibc's")
 def test_freed_buffers_are_reused_without_page_faults():
-    assert faults_per_buffer(keep=False) > 50  # glibc's default: unmapped on free, faulted in again
+    default = faults_per_buffer(keep=False)
+    if default < 50:  # e.g. transparent huge pages always on: a few faults per buffer either way
+        pytest.skip(f"{default:.1f} page faults per 4 MiB buffer by default here: nothing for mallopt to remove")
     assert faults_per_buffer(keep=True) < 5
