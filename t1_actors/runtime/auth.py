@@ -148,8 +148,8 @@ class Opener:
             raise AuthError("short", f"{len(view)} bytes, a {channel.decode()} frame has at least {header}")
         if view[:2] != MAGIC[:2]:
             raise AuthError("unsigned", "no t1 frame header")
-        if view[2] != WIRE_VERSION:
-            raise AuthError("version", f"a wire version {view[2]} frame; this runtime speaks version {WIRE_VERSION}: "
+        if (version := bytes(view[2:3])[0]) != WIRE_VERSION:  # whatever the buffer's item format
+            raise AuthError("version", f"a wire version {version} frame; this runtime speaks version {WIRE_VERSION}: "
                             "run the same t1 release on every host")
         if view[3:4] != channel:
             raise AuthError("wrong_channel", f"{bytes(view[3:4])!r} frame on the {channel!r} channel")

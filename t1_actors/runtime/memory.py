@@ -4,8 +4,8 @@ By default glibc serves blocks above a threshold (128 KiB, raised on the fly up 
 freed so far) with a fresh mmap, and hands a free heap top larger than twice that back to the kernel.
 A process that moves a stream of multi-MiB messages (nng's buffers, the decoder's bytes: weights,
 trajectories) with several in flight then keeps unmapping and mapping them again, and the kernel
-zero-fills every page of every message on first touch: measured here, ~200 page faults and ~0.5 ms of
-CPU per 4 MiB message, a fifth of what the whole transfer costs (bench/control_plane.py).
+zero-fills every page of every message on first touch: measured here, ~200 page faults and 0.3-0.5 ms
+of CPU per 4 MiB message, a sixth of what the whole transfer costs (bench/control_plane.py).
 ``keep_freed_buffers`` fixes both thresholds so that freed buffers stay in the heap for the next message.
 The price: up to ``keep_bytes`` of freed memory stays resident instead of going back to the kernel.
 """
