@@ -1,4 +1,4 @@
-"""The actor runtime: one OS process and one trio loop per actor, pynng sockets, HMAC-sealed msgpack.
+"""The actor runtime: one OS process and one trio loop per actor, pynng sockets, MAC-sealed msgpack (auth.py).
 
 Writing an actor (``t1_actors/<role>.py``)::
 
