@@ -24,12 +24,16 @@ class TrialIssued(Event):
     """The staleness controller launched a trial of a task, wanting a policy version."""
 
     kind = "trial_issued"
+    schema_version = 2  # 2 adds label, sample, temperature (eval passes)
     trial_id: str
     task_id: str
     split: Literal["train", "eval", "warmup"] = "train"
     policy_version_wanted: int = Field(ge=0)
     group: str = ""  # trials of one prompt group (oversampling unit)
     resumed_from: str | None = None  # partial-rollout continuation: the cancelled trial it resumes
+    label: str = ""  # the eval pass an eval trial belongs to (EvalResult.label); "" before labels existed
+    sample: int = Field(0, ge=0)  # which of an eval pass's attempts at the task (pass@k draws 0..n-1)
+    temperature: float | None = None  # the eval pass's sampling temperature; None: the run's
 
 
 @register
@@ -208,6 +212,7 @@ class EvalResult(Event):
     """An evaluation pass on a split: resolved rate, mean reward, counts and a binomial CI."""
 
     kind = "eval_result"
+    schema_version = 2  # 2 adds temperature, samples, mean_turns, last
     label: str
     policy_version: int
     n: int
@@ -216,6 +221,10 @@ class EvalResult(Event):
     ci_low: float
     ci_high: float
     per_family: dict[str, float] = {}
+    temperature: float | None = None  # sampling temperature of the pass; None: the run's ([sampler])
+    samples: int = Field(1, ge=1)  # attempts per task (n = tasks x samples trials)
+    mean_turns: float = 0.0  # assistant turns per scored trial
+    last: bool = False  # the policy's last pass of the eval protocol (after the RL policy's: the run is over)
 
 
 @register

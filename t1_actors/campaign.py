@@ -37,7 +37,10 @@ class CampaignConfig(BaseModel):
 
     seed: int = 0
     tokenizer_vocab: int = Field(1024, ge=300)
-    sft_seconds: float = Field(540.0, gt=0)
+    sft_steps: int | None = Field(600, gt=0, description="SFT optimiser steps (None: train until sft_seconds); "
+                                                        "a step budget makes two runs of one seed the same")
+    sft_seconds: float = Field(1800.0, gt=0, description="upper bound on SFT's wall time (the whole budget when "
+                                                         "sft_steps is None)")
     sft_batch_size: int = Field(32, gt=0)
     sft_lr: float = Field(1e-3, gt=0)
     sft_max_len: int = Field(640, gt=16)
@@ -46,7 +49,10 @@ class CampaignConfig(BaseModel):
     sft_anchor_every: int = Field(2, ge=0, description="every n-th SFT step trains on one fixed anchor batch "
                                                        "(0: never); see warmstart.supervised_finetune")
     warmup_trials: int = Field(64, ge=0)
-    rl_seconds: float = Field(660.0, ge=0)
+    rl_steps: int | None = Field(None, ge=0, description="PPO steps (admitted batches) of the RL phase; None: "
+                                                        "until rl_seconds")
+    rl_seconds: float = Field(660.0, ge=0, description="upper bound on the RL phase's wall time (the whole budget "
+                                                       "when rl_steps is None)")
     eval_concurrency: int = Field(32, gt=0)
     max_turns: int = Field(4, gt=0)
     max_new_tokens: int = Field(64, gt=0)
@@ -127,7 +133,7 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
     policy = MoEPolicy(config.section("model"))
     pad_id = special_token_ids(tokenizer)["<|endoftext|>"]
     report = supervised_finetune(policy, examples, seconds=campaign.sft_seconds, batch_size=campaign.sft_batch_size,
-                                 lr=campaign.sft_lr, pad_id=pad_id, seed=campaign.seed,
+                                 lr=campaign.sft_lr, pad_id=pad_id, seed=campaign.seed, steps=campaign.sft_steps,
                                  anchor_every=campaign.sft_anchor_every, progress=progress)
     return policy, {"steps": report.steps, "examples_seen": report.examples_seen,
                     "distinct_examples": report.distinct_examples, "epochs": round(report.epochs, 2),
@@ -186,12 +192,7 @@ def publish_initial_policy(run_dir: Path, policy) -> WeightsPublished:
 
 def write_summary(run_dir: Path, *, eval_before, eval_after, actors: list[str], counts: dict[str, int],
                   extra: dict[str, Any]) -> dict[str, Any]:
-    def scored(e) -> dict[str, Any] | None:
-        if e is None:
-            return None
-        return {"resolved": e.resolved, "n": e.n, "resolved_rate": e.resolved / e.n if e.n else 0.0,
-                "mean_reward": e.mean_reward, "ci95": [e.ci_low, e.ci_high], "policy_version": e.policy_version,
-                "per_family": e.per_family}
+    from .skill_report import scored
 
     summary = {"eval_before": scored(eval_before), "eval_after": scored(eval_after), "actors": actors,
                "events": counts, **extra}
@@ -202,11 +203,18 @@ def write_summary(run_dir: Path, *, eval_before, eval_after, actors: list[str], 
 def eval_change(log) -> dict[str, Any] | None:
     """The paired before/after comparison over the eval tasks (None until both evals are in the log).
 
-    Eval trials are issued at the learner's version: the first eval at version 0, the last at the final
-    version (any trial issued after version 0 counts as "after")."""
-    from .eval_stats import eval_outcomes, paired_change
+    Eval trials carry the label of their pass (``before`` / ``after``); in logs written before labels
+    existed they are told apart by the learner's version they were issued at (version 0 before, any later
+    one after)."""
+    from .eval_stats import eval_outcomes, first_attempts, labelled_attempts, paired_change
 
-    by_version = eval_outcomes(e for _, e in log.events(kinds=["trial_issued", "verifier_result"]))
+    events = list(log.events(kinds=["trial_issued", "verifier_result"]))
+    attempts = labelled_attempts(events)
+    if "before" in attempts and "after" in attempts:
+        return paired_change(first_attempts(attempts["before"]), first_attempts(attempts["after"])).as_dict()
+    if attempts:
+        return None
+    by_version = eval_outcomes(events)
     versions = sorted(by_version)
     if len(versions) < 2:
         return None
@@ -222,70 +230,12 @@ def stamp() -> str:
 
 # ---------------------------------------------------------------------------------------------- the run
 
-QUICK_KEY = "quick"  # [quick.*] tables of the config: overrides applied by --quick
-
-
 def load_campaign_config(path: str | Path, *, quick: bool = False, run_dir: str | Path | None = None):
-    """Read the run's TOML, apply the ``[quick.*]`` overrides with ``--quick`` and ``--run-dir``, validate."""
-    import tomllib
+    """Read the run's TOML, apply the ``[quick.*]`` overrides with ``--quick`` and ``--run-dir``, validate
+    (every section and every rule across them: ``config_rules``)."""
+    from .config import load_config
 
-    from .config import ConfigError, parse_config
-
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    overrides = data.pop(QUICK_KEY, {})
-    if quick:
-        data = _deep_merge(data, overrides)
-    if run_dir is not None:
-        data.setdefault("run", {})["dir"] = str(run_dir)
-    config = parse_config(data, str(path))
-    check_temperatures(config, str(path))
-    check_groups(config, str(path))
-    check_actor_params(config, str(path))
-    return config
-
-
-def check_temperatures(config, source: str) -> None:
-    """PPO's ratio is only right when the learner takes logprobs at the temperature the sampler stored."""
-    from .config import ConfigError
-
-    sampled, trained = config.section("sampler").temperature, config.section("ppo").temperature
-    if sampled != trained:
-        raise ConfigError(f"{source}: [sampler] temperature = {sampled} but [ppo] temperature = {trained}; "
-                          "set both to the same value (the sampler stores logprobs at its temperature)")
-
-
-def check_groups(config, source: str) -> None:
-    """A group baseline needs groups: with one trial per task every trajectory would fall back to GAE."""
-    from .config import ConfigError
-
-    estimator, size = config.section("ppo").advantage_estimator, config.section("staleness").group_size
-    if estimator == "rloo" and size < 2:
-        raise ConfigError(f"{source}: [ppo] advantage_estimator = 'rloo' but [staleness] group_size = {size}; "
-                          "set group_size >= 2 (trials per task) or advantage_estimator = 'gae'")
-
-
-def check_actor_params(config, source: str) -> None:
-    """Training part of the policy is the torch learner's: refused before any process starts otherwise."""
-    from .config import ConfigError
-
-    ppo_cfg, backend = config.section("ppo"), config.section("learner").backend
-    if ppo_cfg.trains_part_of_policy and backend != "torch":
-        raise ConfigError(f"{source}: [ppo] actor_params = {list(ppo_cfg.actor_params)} but [learner] backend = "
-                          f"{backend!r}, which trains the whole policy only; use backend = 'torch' or "
-                          "actor_params = ['*']")
-
-
-def _deep_merge(base: dict, top: dict) -> dict:
-    out = dict(base)
-    for key, value in top.items():
-        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+    return load_config(path, quick=quick, run_dir=run_dir)
 
 
 def _with_vocab(config, vocab_size: int):
@@ -341,8 +291,8 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
 
     with console.status("[bold]1/5 task corpus[/]"):
         tasks = build_task_sets(config.section("tasks"))
-    carved = f" (SFT on {len(tasks.sft)}, RL on the other {len(tasks.rl)})" if tasks.carved else ""
-    console.log(f"corpus: {len(tasks.train)} train / {len(tasks.eval)} eval tasks{carved}")
+    console.log(f"corpus: SFT on {len(tasks.sft)} tasks, RL on {len(tasks.rl)}, {len(tasks.validation)} validation "
+                f"and {len(tasks.eval)} eval tasks")
     if campaign.warm_start_from is not None:
         check_warm_start_tasks(Path(campaign.warm_start_from), tasks)
         tokenizer, policy, sft = reuse_warm_start(Path(campaign.warm_start_from), run_dir)
@@ -359,7 +309,7 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
         config = _with_vocab(config, tokenizer.get_vocab_size())
         timings["prepare_s"] = time.monotonic() - started
         sft_start = time.monotonic()
-        policy, sft = _sft_with_progress(config, tasks, tokenizer, campaign)
+        policy, sft = _sft_with_progress(config, tasks, tokenizer, campaign, console)
         timings["sft_s"] = time.monotonic() - sft_start
         console.log(f"oracle pool: {sft['distinct_examples']} executed oracle chats in {sft['oracle_pool_seconds']:.0f} s; "
                     f"SFT: {sft['steps']} steps ({sft['epochs']:.1f} epochs), loss {sft['final_loss']:.3f}, "
@@ -380,24 +330,45 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
     return summarise(run_dir, run_config, sft=sft, timings=timings, console=console, write_report=write_report)
 
 
-def _sft_with_progress(config, tasks, tokenizer, campaign):
+class _Milestones:
+    """Plain progress lines for a console that is no terminal (a run writing to a file shows no bars):
+    one line each time ``done / total`` passes another ``every`` (a tenth by default); none when total = 0."""
+
+    def __init__(self, console, what: str, total: int, every: float = 0.1):
+        self.console, self.what, self.total, self.every, self.next = console, what, total, every, every
+
+    def __call__(self, done: int, info: str = "") -> None:
+        if self.console.is_terminal or not self.total or done / self.total < self.next:
+            return
+        while done / self.total >= self.next:
+            self.next += self.every
+        self.console.log(f"{self.what}: {done}/{self.total} ({done / self.total:.0%}) {info}".rstrip())
+
+
+def _sft_with_progress(config, tasks, tokenizer, campaign, console):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     with Progress(TextColumn("[bold]3/5 {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False) as bar:
+                  TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False, console=console) as bar:
         pool = bar.add_task("oracle pool (executed oracle chats)", total=len(tasks.sft), info="")
-        sft = bar.add_task("SFT warm start (seconds)", total=int(campaign.sft_seconds), info="", start=False)
+        by_steps = campaign.sft_steps is not None
+        total = campaign.sft_steps if by_steps else int(campaign.sft_seconds)
+        sft = bar.add_task(f"SFT warm start ({'steps' if by_steps else 'seconds'})", total=total, info="", start=False)
         start = [0.0]
+        pool_lines = _Milestones(console, "3/5 oracle pool", len(tasks.sft))
+        sft_lines = _Milestones(console, f"3/5 SFT ({'steps' if by_steps else 'seconds'})", total, every=0.05)
 
         def pool_progress(done: int, total: int) -> None:
             bar.update(pool, completed=done)
+            pool_lines(done)
 
         def progress(step: int, loss: float) -> None:
             if not start[0]:
                 start[0] = time.monotonic()
                 bar.start_task(sft)
-            bar.update(sft, completed=min(int(time.monotonic() - start[0]), int(campaign.sft_seconds)),
-                       info=f"step {step} loss {loss:.3f}")
+            done = step if by_steps else min(int(time.monotonic() - start[0]), total)
+            bar.update(sft, completed=done, info=f"step {step} loss {loss:.3f}")
+            sft_lines(done, f"loss {loss:.3f}")
 
         return warm_start(config, tasks, tokenizer, pool_progress=pool_progress, progress=progress)
 
@@ -416,7 +387,9 @@ async def _run_actors(config, campaign: CampaignConfig, console) -> None:
     from .runtime.supervisor import Supervisor
 
     log = EventLog.open(log_path(Path(config.run.dir)))
-    budget = campaign.rl_seconds + campaign.finish_timeout_s + 2 * campaign.actor_ready_timeout_s + 600
+    # A deadline on the whole phase, so a wedged actor cannot hang the job: RL's bound, the last steps,
+    # start-ups, and an hour for the eval protocol's passes (the default run's take ~15 min).
+    budget = campaign.rl_seconds + campaign.finish_timeout_s + 2 * campaign.actor_ready_timeout_s + 3600
     supervisor = Supervisor(config)
     async with trio.open_nursery() as nursery:
 
@@ -432,13 +405,14 @@ async def _run_actors(config, campaign: CampaignConfig, console) -> None:
                           TextColumn("{task.fields[info]}")) as bar:
                 job = bar.add_task("actors", total=None, phase="eval before", info="")
                 with trio.fail_after(budget):
-                    await _follow(log, bar, job)
+                    await _follow(log, bar, job, _Milestones(console, "4/5 PPO steps", campaign.rl_steps or 0,
+                                                             every=0.05))
         finally:
             with trio.CancelScope(shield=True):
                 await supervisor.shutdown("campaign finished")
 
 
-async def _follow(log, bar, job) -> None:
+async def _follow(log, bar, job, step_lines) -> None:
     """Show the campaign's progress from the log until the final eval appears."""
     import trio
 
@@ -459,11 +433,12 @@ async def _follow(log, bar, job) -> None:
                 m = event.metrics
                 info = (f"step {event.step} v{event.policy_version} loss {m.get('policy_loss', float('nan')):.3f} "
                         f"EV {m.get('explained_variance', float('nan')):.2f}")
+                step_lines(event.policy_version, info)
             elif isinstance(event, EvalResult):
                 bar.console.log(f"eval {event.label}: {event.resolved}/{event.n} resolved "
                                 f"({event.resolved / max(event.n, 1):.1%}, CI {event.ci_low:.1%}-{event.ci_high:.1%}), "
                                 f"mean reward {event.mean_reward:.3f}")
-                if event.label == "after":
+                if event.last and (event.label == "after" or event.label.startswith("rl_")):
                     return
                 phase = "warm-up + PPO"
             elif event.kind == "critic_warmup":
@@ -478,6 +453,8 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
     from schemas import EvalResult
     from storage import EventLog
 
+    from .skill_report import skill_report
+
     log = EventLog.open(log_path(run_dir))
     evals = {e.label: e for _, e in log.events(kinds=["eval_result"]) if isinstance(e, EvalResult)}
     counts = log.counts()
@@ -487,9 +464,14 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
         report = write_report(run_dir) if write_report is not None else {}
     except Exception as exc:  # plots must never cost the run its summary
         console.log(f"[yellow]plots failed: {exc!r}")
+    ppo_cfg, staleness = config.section("ppo"), config.section("staleness")
+    recipe = {"advantage_estimator": ppo_cfg.advantage_estimator, "group_size": staleness.group_size,
+              "actor_params": list(ppo_cfg.actor_params), "reward": f"P / {ppo_cfg.reward_scale}"}
+    skill = skill_report(log, run_temperature=config.section("sampler").temperature, recipe=recipe)
+    skill["kl_rl_sft"] = report.get("kl_rl_sft") if isinstance(report, dict) else None
     summary = write_summary(run_dir, eval_before=evals.get("before"), eval_after=evals.get("after"), actors=roles,
                             counts=counts, extra={"sft": sft, "timings_s": {k: round(v, 1) for k, v in timings.items()},
-                                                  "report": report, "eval_change": eval_change(log)})
+                                                  "report": report, "eval_change": eval_change(log), **skill})
     before, after, change = summary["eval_before"], summary["eval_after"], summary["eval_change"]
     if before and after:
         console.log(f"[bold]eval resolved: {before['resolved_rate']:.1%} -> {after['resolved_rate']:.1%} "
@@ -499,5 +481,13 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
         console.log(f"paired over {change['tasks']} eval tasks: {change['gained']} newly resolved, {change['lost']} "
                     f"lost (exact McNemar p = {change['mcnemar_p']:.3g}); reward change {change['reward_delta']:+.3f} "
                     f"(95 % CI {low:+.3f} .. {high:+.3f})")
+    vs_best = summary.get("eval_change_vs_sft_best")
+    if vs_best and summary.get("eval_sft_best") and summary.get("eval_rl_best"):
+        s, r = summary["eval_sft_best"], summary["eval_rl_best"]
+        low, high = vs_best["reward_delta_ci95"]
+        console.log(f"[bold]RL at its best T = {r['temperature']:g} vs SFT at its best T = {s['temperature']:g}: "
+                    f"{s['resolved_rate']:.1%} -> {r['resolved_rate']:.1%}; {vs_best['gained']} gained, "
+                    f"{vs_best['lost']} lost (exact McNemar p = {vs_best['mcnemar_p']:.3g}); reward change "
+                    f"{vs_best['reward_delta']:+.3f} (95 % CI {low:+.3f} .. {high:+.3f})")
     console.log(f"summary: {run_dir / 'summary.json'}")
     return summary

@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--run-dir", default=None, help="where the run goes (overrides [run] dir)")
     check = sub.add_parser("check", help="validate the config and every actor's class and options")
     check.add_argument("--config", required=True)
+    check.add_argument("--quick", action="store_true", help="check with the [quick.*] overrides applied")
     sub.add_parser("run-task", help="run one task in a local sandbox and verify it (see run-task --help)",
                    add_help=False)
     for role in roles:
@@ -91,9 +92,9 @@ def _check_classes(config, specs) -> None:
 def _check(args) -> int:
     from .config import load_config
 
-    config = load_config(args.config)
+    config = load_config(args.config, quick=args.quick)
     _check_classes(config, config.actors)
-    print(f"{args.config}: ok ({len(config.actors)} actors: "
+    print(f"{args.config}{' (--quick)' if args.quick else ''}: ok ({len(config.actors)} actors: "
           f"{', '.join(f'{s.name} ({s.role})' for s in config.actors)})")
     return 0
 

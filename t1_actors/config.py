@@ -47,6 +47,7 @@ KNOWN_SECTIONS: dict[str, str] = {
     "critic": "t1_actors.critic:CriticConfig",
     "staleness": "t1_actors.admission:StalenessConfig",
     "campaign": "t1_actors.campaign:CampaignConfig",
+    "eval": "t1_actors.evaluation:EvalConfig",
 }
 _REGISTERED: dict[str, type[BaseModel]] = {}
 _OWN_SECTIONS = ("run", "transport", "supervisor", "actors")
@@ -309,18 +310,32 @@ def _explain(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+QUICK_KEY = "quick"  # [quick.*] tables: overrides that --quick applies (the <= 5 min CI campaign)
+
+
 def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
-    """Validate a mapping; a ConfigError naming ``source`` and every problem."""
+    """Validate a mapping: every section, then every rule across sections (``t1_actors.config_rules``);
+    a ConfigError naming ``source`` and the problem."""
+    from .config_rules import check_run
+
     try:
-        return RunConfig.model_validate(data)
+        config = RunConfig.model_validate(data)
+        check_run(config)
+        return config
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_explain(exc)}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
-def load_config(path: str | os.PathLike[str]) -> RunConfig:
-    """Read and validate a run config (.toml, or the .json the launcher writes for its actors)."""
+def load_config(path: str | os.PathLike[str], *, quick: bool = False,
+                run_dir: str | os.PathLike[str] | None = None) -> RunConfig:
+    """Read and validate a run config (.toml, or the .json the launcher writes for its actors).
+
+    The ``[quick.*]`` tables are applied over the rest with ``quick`` and ignored otherwise; ``run_dir``
+    replaces ``[run] dir``."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -330,7 +345,21 @@ def load_config(path: str | os.PathLike[str]) -> RunConfig:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
+    overrides = data.pop(QUICK_KEY, None)
+    if quick and overrides is None:
+        raise ConfigError(f"{path}: --quick asks for [quick.*] overrides and the config has none")
+    if quick:
+        data = _deep_merge(data, overrides)
+    if run_dir is not None:
+        data.setdefault("run", {})["dir"] = str(run_dir)
     return parse_config(data, str(path))
+
+
+def _deep_merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def write_resolved(config: RunConfig, path: Path) -> Path:

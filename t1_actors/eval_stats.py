@@ -88,3 +88,86 @@ def eval_outcomes(events: Iterable) -> dict[int, dict[str, Outcome]]:
         resolved = result.total > 0 and result.passed == result.total
         out.setdefault(trial.policy_version_wanted, {})[trial.task_id] = Outcome(resolved, result.reward)
     return out
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One scored eval trial: which task, which sample of it, and the verifier's per-test outcomes."""
+
+    task_id: str
+    sample: int
+    resolved: bool
+    reward: float
+    tests: dict[str, str]
+
+
+def labelled_attempts(events: Iterable) -> dict[str, list[Attempt]]:
+    """Per eval pass (``TrialIssued.label``): its scored trials. Infrastructure failures are left out, as
+    the pass's own counts leave them out; trials of logs written before labels existed are left out too
+    (``eval_outcomes`` groups those by version)."""
+    issued: dict[str, TrialIssued] = {}
+    results: dict[str, VerifierResult] = {}
+    for event in events:
+        if isinstance(event, TrialIssued) and event.split == "eval" and event.label:
+            issued[event.trial_id] = event
+        elif isinstance(event, VerifierResult):
+            results[event.trial_id] = event
+    out: dict[str, list[Attempt]] = {}
+    for trial_id, trial in issued.items():
+        result = results.get(trial_id)
+        if result is None or result.infra_error is not None:
+            continue
+        resolved = result.total > 0 and result.passed == result.total
+        out.setdefault(trial.label, []).append(Attempt(trial.task_id, trial.sample, resolved, result.reward,
+                                                       dict(result.tests)))
+    return out
+
+
+def first_attempts(attempts: Iterable[Attempt]) -> dict[str, Outcome]:
+    """task id -> the outcome of its sample 0: what ``paired_change`` compares between two passes."""
+    return {a.task_id: Outcome(a.resolved, a.reward) for a in attempts if a.sample == 0}
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimator of pass@k from n samples of which c passed (Chen et al. 2021):
+
+        pass@k = 1 - C(n - c, k) / C(n, k)
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_at_k_curve(attempts: Iterable[Attempt]) -> dict[int, float]:
+    """pass@k for k = 1..n, averaged over tasks, n = the fewest samples any task has."""
+    by_task: dict[str, list[bool]] = {}
+    for a in attempts:
+        by_task.setdefault(a.task_id, []).append(a.resolved)
+    if not by_task:
+        return {}
+    n = min(len(v) for v in by_task.values())
+    return {k: sum(pass_at_k(len(v), sum(v), k) for v in by_task.values()) / len(by_task) for k in range(1, n + 1)}
+
+
+def part_of(test_id: str) -> int | None:
+    """The requirement position of a composite task's test (``...::test_p2_first_line`` -> 2)."""
+    name = test_id.rsplit("::", 1)[-1]
+    if name.startswith("test_p") and "_" in name[6:]:
+        head = name[6:].split("_", 1)[0]
+        if head.isdigit():
+            return int(head)
+    return None
+
+
+def per_position_rates(attempts: Iterable[Attempt]) -> dict[int, float]:
+    """For composite tasks: the share of attempts whose requirement at position i passes all its tests."""
+    done: dict[int, list[bool]] = {}
+    for a in attempts:
+        parts: dict[int, bool] = {}
+        for test_id, outcome in a.tests.items():
+            position = part_of(test_id)
+            if position is not None:
+                parts[position] = parts.get(position, True) and outcome == "passed"
+        for position, passed in parts.items():
+            done.setdefault(position, []).append(passed)
+    return {position: sum(v) / len(v) for position, v in sorted(done.items())}

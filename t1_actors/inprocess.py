@@ -37,8 +37,9 @@ class InProcessPorts:
         if sandbox is not None:
             await trio.to_thread.run_sync(sandbox.close)
 
-    async def generate(self, trial_id, turn, prompt_ids, seed=None):
-        params = self.params if seed is None else self.params.model_copy(update={"seed": seed})
+    async def generate(self, trial_id, turn, prompt_ids, seed=None, temperature=None):
+        update = {k: v for k, v in (("seed", seed), ("temperature", temperature)) if v is not None}
+        params = self.params.model_copy(update=update) if update else self.params
         [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), params)])
         return Generation(g.output_ids, g.logprobs, g.routing, g.policy_version, g.finish_reason)
 

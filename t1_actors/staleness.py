@@ -25,11 +25,12 @@ from storage import EventLog
 
 from .admission import StalenessConfig, grouped
 from .campaign import CampaignConfig, tokenizer_path
+from .evaluation import EvalConfig, evaluate_policy, pass_k_subset
 from .policy.tokenizer import load_tokenizer, special_token_ids
 from .rollout import Generation, ToolOutcome
 from .runtime.actor import Actor
 from .tasks import build_task_sets
-from .trials import BatchStats, TrialRunner, run_batches, run_eval, run_warmup
+from .trials import BatchStats, TrialRunner, run_batches, run_warmup
 
 
 class ActorPorts:
@@ -54,11 +55,11 @@ class ActorPorts:
             await self.actor.peer("sandbox").call_bulk(SandboxClose(trial_id=trial_id))
 
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray,
-                       seed: int | None = None) -> Generation:
+                       seed: int | None = None, temperature: float | None = None) -> Generation:
         c = self.campaign
         reply = await self.actor.peer("sampler").call_bulk(GenerateRequest(
             trial_id=trial_id, turn=turn, input_ids=prompt_ids, max_new_tokens=c.max_new_tokens,
-            temperature=self.actor.temperature, top_p=self.actor.top_p, stop_ids=[self.stop_id],
+            temperature=temperature or self.actor.temperature, top_p=self.actor.top_p, stop_ids=[self.stop_id],
             policy_version_wanted=self.actor.version, seed=seed))
         return Generation(reply.output_ids, reply.logprobs, reply.routing, reply.policy_version, reply.finish_reason)
 
@@ -94,6 +95,9 @@ class StalenessActor(Actor):
         sets = await trio.to_thread.run_sync(build_task_sets, self.config.section("tasks"))
         self.rl_ids = [t.id for t in sets.rl]  # train tasks RL may draw ([tasks] rl_size)
         self.eval_ids = [t.id for t in sets.eval]
+        self.validation_ids = [t.id for t in sets.validation]
+        self.eval_config: EvalConfig = self.config.section("eval")
+        self.pass_k_ids = pass_k_subset(sets.eval, self.eval_config.pass_k_tasks)
         self.tasks = sets.by_id
         self.tokenizer = load_tokenizer(tokenizer_path(self.ctx.run_dir))
         self.reader = EventLog.open(self.ctx.run_dir / "log")
@@ -141,27 +145,37 @@ class StalenessActor(Actor):
         runner = TrialRunner(ports, self.tasks, self.tokenizer, self.campaign.rollout_limits(),
                                  run_tag=f"{self.ctx.run_id}-{self.name}-{int(time.time()) % 100000}",
                                  tito_repairs=self.campaign.tito_repairs)
-        done = {e.label for _, e in await self._events("eval_result")}
+        done = {e.label: e for _, e in await self._events("eval_result")}
+
+        async def evaluate(policy: str) -> None:
+            async def on_pass(name: str) -> None:
+                self.logger.info("phase", phase=f"eval {name}", policy_version=self.version)
+
+            best = await evaluate_policy(runner, policy, validation_ids=self.validation_ids, eval_ids=self.eval_ids,
+                                         pass_k_ids=self.pass_k_ids, config=self.eval_config,
+                                         run_temperature=self.temperature, concurrency=self.campaign.eval_concurrency,
+                                         done=done, on_pass=on_pass)
+            self.logger.info("best_temperature", policy=policy, temperature=best)
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_versions)
-            if "before" not in done:
-                self.logger.info("phase", phase="eval_before", n=len(self.eval_ids))
-                await run_eval(runner, self.eval_ids, label="before", concurrency=self.campaign.eval_concurrency)
+            await evaluate("sft")
             if self.campaign.warmup_trials and not await self._events("critic_warmup"):
                 self.logger.info("phase", phase="warmup", n=self.campaign.warmup_trials)
                 rng = random.Random(self.campaign.seed + 1)
                 warm_ids = rng.sample(self.rl_ids, min(self.campaign.warmup_trials, len(self.rl_ids)))
                 trial_ids = await run_warmup(runner, warm_ids, concurrency=self.campaign.eval_concurrency)
                 await self.peer("critic").call_bulk(Generic(op="critic_warmup", args={"trial_ids": trial_ids}))
-            if "after" not in done:
+            if not any(name == "after" or name.startswith("rl_") for name in done):  # RL not yet evaluated
                 self.logger.info("phase", phase="rl", seconds=self.campaign.rl_seconds)
                 rng = random.Random(self.campaign.seed + 2)
                 order = grouped(itertools.cycle(rng.sample(self.rl_ids, len(self.rl_ids))),
                                 self.staleness.group_size)
                 end = trio.current_time() + self._rl_seconds_left()
 
-                def until() -> bool:
-                    return trio.current_time() >= end
+                def until() -> bool:  # the step budget (two runs of a seed take the same steps) or the clock
+                    steps_done = self.campaign.rl_steps is not None and self.stats.batches >= self.campaign.rl_steps
+                    return steps_done or trio.current_time() >= end
 
                 await run_batches(runner, lambda: next(order), self.staleness, until=until,
                                   wait_for_learner=lambda v: self.wait_for_version(v, until), stats=self.stats)
@@ -171,6 +185,6 @@ class StalenessActor(Actor):
                     await self.wait_for_version(target, lambda: False)
                 self.logger.info("phase", phase="eval_after", policy_version=self.version,
                                  bias=self.stats.bias.summary())
-                await run_eval(runner, self.eval_ids, label="after", concurrency=self.campaign.eval_concurrency)
+            await evaluate("rl")
             nursery.cancel_scope.cancel()
         self.logger.info("campaign_schedule_done", policy_version=self.version)

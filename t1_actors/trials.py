@@ -30,8 +30,9 @@ class TrialPorts(Protocol):
     async def open_sandbox(self, trial_id: str, task_id: str) -> None: ...
     async def execute(self, trial_id: str, turn: int, command: str, timeout_s: float) -> ToolOutcome: ...
     async def close_sandbox(self, trial_id: str) -> None: ...
-    async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray,
-                       seed: int | None = None) -> Generation: ...
+    async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
+                       temperature: float | None = None) -> Generation:
+        """One assistant turn; ``temperature`` None: the run's sampling temperature (training trials)."""
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
         """Abort the trial's generation; with ``sandbox_id``, also stop its running command and sandbox."""
     async def verify(self, trial_id: str, task_id: str) -> VerifierResult: ...
@@ -39,14 +40,17 @@ class TrialPorts(Protocol):
     def learner_version(self) -> int: ...
 
 
-def eval_seed(task_id: str, turn: int) -> int:
-    """The sampling seed of an eval turn: a function of the task and the turn only (common random numbers).
+def eval_seed(task_id: str, turn: int, sample: int = 0) -> int:
+    """The sampling seed of an eval turn: a function of the task, the turn and the sample index only
+    (common random numbers).
 
-    The before and after evals of a run then draw the same uniforms for each task, so a task that flips
-    between them flipped because the policy changed, not because the draw did: the paired test
-    (``eval_stats``) sees the update's effect instead of two independent samples' noise.
+    Every eval of a run (before and after RL, each temperature, each policy) then draws the same uniforms
+    for a task's ``sample``-th attempt, so a task that flips between two evals flipped because the policy
+    or the temperature changed, not because the draw did: the paired test (``eval_stats``) sees the
+    change's effect instead of two independent samples' noise. pass@k takes samples 0..n-1.
     """
-    digest = hashlib.blake2b(f"{task_id}/{turn}".encode(), digest_size=8).digest()
+    key = f"{task_id}/{turn}" if sample == 0 else f"{task_id}/{turn}/{sample}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 2  # < 2**62, the range the torch sampler draws its own seeds from
 
 
@@ -81,18 +85,20 @@ class TrialRunner:
         return f"{self.run_tag}-{split}-{next(self._ids):06d}"
 
     async def play(self, trial_id: str, task_id: str, *, rollout: TrialRollout | None = None,
-                   sandbox_id: str | None = None, seeded: bool = False) -> TrialRollout:
+                   sandbox_id: str | None = None, seeded: bool = False, sample_index: int = 0,
+                   temperature: float | None = None) -> TrialRollout:
         """The agent's turns only (sampler + sandbox); the sandbox stays open for the verifier.
 
         ``sandbox_id`` is the trial whose sandbox this one works in: a continuation keeps its original's.
-        ``seeded``: each turn samples with ``eval_seed(task_id, turn)`` (evals); else the sampler's own draws.
+        ``seeded``: each turn samples with ``eval_seed(task_id, turn, sample_index)`` (evals); else the
+        sampler's own draws. ``temperature`` None: the run's sampling temperature.
         """
         ports, task = self.ports, self.tasks[task_id]
         sandbox_id = sandbox_id or trial_id
 
         async def sample(prompt_ids: np.ndarray, turn: int) -> Generation:
-            seed = eval_seed(task_id, turn) if seeded else None
-            return await ports.generate(trial_id, turn, prompt_ids, seed=seed)
+            seed = eval_seed(task_id, turn, sample_index) if seeded else None
+            return await ports.generate(trial_id, turn, prompt_ids, seed=seed, temperature=temperature)
 
         async def execute(command: str, turn: int) -> ToolOutcome:
             return await ports.execute(sandbox_id, turn, command, task.limits.command_timeout_s)
@@ -121,14 +127,19 @@ class TrialRunner:
         return outcome
 
 
-async def play_once(runner: TrialRunner, task_id: str, split: str, *, assemble: bool) -> TrialOutcome:
-    """Issue one trial of a task, play it in a fresh sandbox, verify it, and always close the sandbox."""
+async def play_once(runner: TrialRunner, task_id: str, split: str, *, assemble: bool, label: str = "",
+                    sample_index: int = 0, temperature: float | None = None) -> TrialOutcome:
+    """Issue one trial of a task, play it in a fresh sandbox, verify it, and always close the sandbox.
+
+    ``label`` names the eval pass the trial belongs to (``TrialIssued.label``); eval trials are seeded."""
     trial_id = runner.new_trial_id(split)
-    await runner.ports.log(TrialIssued(trial_id=trial_id, task_id=task_id, split=split,
+    await runner.ports.log(TrialIssued(trial_id=trial_id, task_id=task_id, split=split, label=label,
+                                       sample=sample_index, temperature=temperature,
                                        policy_version_wanted=runner.ports.learner_version()))
     await runner.ports.open_sandbox(trial_id, task_id)
     try:
-        rollout = await runner.play(trial_id, task_id, seeded=split == "eval")
+        rollout = await runner.play(trial_id, task_id, seeded=split == "eval", sample_index=sample_index,
+                                    temperature=temperature)
         return await runner.finish(trial_id, task_id, rollout, assemble=assemble)
     finally:
         with trio.CancelScope(shield=True):
@@ -136,24 +147,30 @@ async def play_once(runner: TrialRunner, task_id: str, split: str, *, assemble: 
 
 
 async def play_all(runner: TrialRunner, task_ids: list[str], split: str, *, assemble: bool,
-                   concurrency: int) -> list[TrialOutcome]:
-    """``play_once`` for every task, at most ``concurrency`` at a time."""
+                   concurrency: int, label: str = "", samples: int = 1,
+                   temperature: float | None = None) -> list[TrialOutcome]:
+    """``play_once`` ``samples`` times for every task, at most ``concurrency`` at a time."""
     outcomes: list[TrialOutcome] = []
     limiter = trio.CapacityLimiter(concurrency)
 
-    async def one(task_id: str) -> None:
+    async def one(task_id: str, sample_index: int) -> None:
         async with limiter:
-            outcomes.append(await play_once(runner, task_id, split, assemble=assemble))
+            outcomes.append(await play_once(runner, task_id, split, assemble=assemble, label=label,
+                                            sample_index=sample_index, temperature=temperature))
 
     async with trio.open_nursery() as nursery:
-        for task_id in task_ids:
-            nursery.start_soon(one, task_id)
+        for sample_index in range(samples):
+            for task_id in task_ids:
+                nursery.start_soon(one, task_id, sample_index)
     return outcomes
 
 
-async def run_eval(runner: TrialRunner, task_ids: list[str], *, label: str, concurrency: int) -> EvalResult:
-    """Every eval task once with the current policy: resolved rate (all tests pass), mean reward, 95 % CI."""
-    outcomes = await play_all(runner, task_ids, "eval", assemble=False, concurrency=concurrency)
+async def run_eval(runner: TrialRunner, task_ids: list[str], *, label: str, concurrency: int,
+                   temperature: float | None = None, samples: int = 1, last: bool = False) -> EvalResult:
+    """Every task ``samples`` times with the current policy at ``temperature`` (None: the run's), seeded
+    by ``eval_seed``: resolved rate (all tests pass) over the trials, mean reward, 95 % CI."""
+    outcomes = await play_all(runner, task_ids, "eval", assemble=False, concurrency=concurrency, label=label,
+                              samples=samples, temperature=temperature)
     versions = [t.generation.policy_version for o in outcomes for t in o.rollout.turns]
     scored = [o for o in outcomes if o.result is not None and o.result.infra_error is None]
     resolved = sum(o.resolved for o in scored)
@@ -161,8 +178,10 @@ async def run_eval(runner: TrialRunner, task_ids: list[str], *, label: str, conc
     for o in scored:
         per_family.setdefault(o.family, []).append(float(o.resolved))
     low, high = wilson_interval(resolved, len(scored))
-    event = EvalResult(label=label, policy_version=max(versions, default=runner.ports.learner_version()),
+    event = EvalResult(label=label, temperature=temperature, samples=samples, last=last,
+                       policy_version=max(versions, default=runner.ports.learner_version()),
                        n=len(scored), resolved=resolved,
+                       mean_turns=float(np.mean([len(o.rollout.turns) for o in scored])) if scored else 0.0,
                        mean_reward=float(np.mean([o.result.reward for o in scored])) if scored else 0.0,
                        ci_low=low, ci_high=high,
                        per_family={k: float(np.mean(v)) for k, v in sorted(per_family.items())})

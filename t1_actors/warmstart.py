@@ -107,8 +107,8 @@ def sft_loss(model, ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tens
 
 
 def sft_learning_rate(peak: float, step: int, progress: float, warmup_steps: int = 20, floor: float = 0.1) -> float:
-    """Linear warm-up over ``warmup_steps``, then cosine decay to ``floor * peak`` at the end of the time
-    budget (``progress`` = elapsed / budget, since SFT is budgeted in seconds, not steps)."""
+    """Linear warm-up over ``warmup_steps``, then cosine decay to ``floor * peak`` at the end of the
+    budget (``progress`` = steps done / step budget, or elapsed / seconds under a time budget)."""
     warm = min(1.0, (step + 1) / warmup_steps)
     return peak * warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
@@ -138,9 +138,12 @@ class SFTReport:
 
 
 def supervised_finetune(model, examples: list[Example], *, seconds: float, batch_size: int, lr: float,
-                        pad_id: int, seed: int = 0, anchor_every: int = 2,
+                        pad_id: int, seed: int = 0, anchor_every: int = 2, steps: int | None = None,
                         progress: Callable[[int, float], None] | None = None) -> SFTReport:
-    """Train ``model`` on oracle chats for ``seconds`` wall time.
+    """Train ``model`` on oracle chats for ``steps`` optimiser steps (``None``: until ``seconds`` of wall
+    time); ``seconds`` always bounds the run, so a step budget on a slow machine still ends. With a step
+    budget two runs of one seed take the same steps and give the same policy; the learning-rate schedule
+    follows the steps then, the clock otherwise.
 
     Batches are drawn at random from ``examples``, except that every ``anchor_every``-th step (0: never)
     trains on one fixed *anchor* batch. Why: the tiny policy first learns a generic command per family
@@ -157,11 +160,15 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.1)
     anchor = rng.sample(examples, k=min(batch_size, len(examples)))
-    start, steps, tokens, losses, seen = time.monotonic(), 0, 0, [], 0
+    if steps is not None and steps <= 0:
+        raise ValueError(f"steps must be > 0 (or None for a time budget), got {steps}")
+    budget_steps, steps = steps, 0
+    start, tokens, losses, seen = time.monotonic(), 0, [], 0
     model.train()
-    while (elapsed := time.monotonic() - start) < seconds:
+    while (elapsed := time.monotonic() - start) < seconds and (budget_steps is None or steps < budget_steps):
+        done = steps / budget_steps if budget_steps is not None else elapsed / seconds
         for group in optimizer.param_groups:
-            group["lr"] = sft_learning_rate(lr, steps, elapsed / seconds)
+            group["lr"] = sft_learning_rate(lr, steps, done)
         on_anchor = anchor_every > 0 and steps % anchor_every == 0
         batch = anchor if on_anchor else rng.sample(examples, k=min(batch_size, len(examples)))
         ids, mask, attention = pad_batch(batch, pad_id)

@@ -145,3 +145,39 @@ def test_example_cluster_config_is_valid():
     assert {s.host for s in config.actors} == {"ctl-0", "gpu-0", "gpu-1"}
     assert all(config.control_address(s).startswith("tcp://") for s in config.actors)
     assert [s.name for s in config.actors_of("sampler")] == ["sampler-0", "sampler-1"]
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_shipped_configs_pass_check(capsys, quick):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "configs"
+    assert cli.main(["check", "--config", str(root / "tiny.toml"), *(["--quick"] if quick else [])]) == 0
+    if not quick:  # the cluster config has no [quick.*] tables: --quick is refused there, by name
+        assert cli.main(["check", "--config", str(root / "example_cluster.toml")]) == 0
+    else:
+        assert cli.main(["check", "--config", str(root / "example_cluster.toml"), "--quick"]) == 2
+        assert "[quick.*]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("body, keys", [
+    ('[ppo]\nadvantage_estimator = "rloo"\n[staleness]\ngroup_size = 1\n',
+     ("advantage_estimator", "group_size")),
+    ("[sampler]\ntemperature = 0.7\n[ppo]\ntemperature = 1.0\n", ("[sampler] temperature", "[ppo] temperature")),
+    ('[ppo]\nactor_params = ["*norm*"]\ncritic_lr = 1e-3\n[learner]\nbackend = "megatron"\n',
+     ("actor_params", "backend")),
+])
+def test_every_entry_point_refuses_what_launch_refuses(tmp_path, capsys, body, keys):
+    """The rules across sections (config_rules) run on every load: launch, check and each actor's own
+    process (t1-actor ROLE --config ...) refuse the same config, naming both keys."""
+    path = tmp_path / "run.toml"
+    path.write_text('[run]\nid = "x"\ndir = "' + str(tmp_path / "run") + '"\n[[actors]]\nname = "learner-0"\n'
+                    'role = "learner"\n' + body)
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert all(key in str(refused.value) for key in keys)
+    for argv in (["check", "--config", str(path)], ["launch", "--config", str(path)],
+                 ["learner", "--config", str(path), "--name", "learner-0"]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert all(key in err for key in keys), (argv, err)

@@ -72,3 +72,39 @@ def test_first_command_alone_earns_partial_credit(outcomes):
     for task, label, _, verification in outcomes:
         if label == "first":
             assert 0 < verification.passed < verification.total, (task.id, verification.tests)
+
+
+@pytest.fixture(scope="module")
+def new_kinds(tmp_path_factory):
+    """Recovery, nested and composite tasks (two of each side), each run by its oracle and by its oracle
+    without the recovery's ``mkdir``."""
+    from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig, SandboxInfraError
+    from t1_actors.tasks.synthetic import generate_composite, generate_nested, generate_recovery
+    from t1_actors.verification import Verifier, VerifierConfig
+
+    base = tmp_path_factory.mktemp("new-kinds")
+    try:
+        backend = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(base / "sandbox")))
+    except SandboxInfraError as exc:
+        pytest.skip(f"no local sandbox on this machine: {exc}")
+    tasks = (generate_recovery("train", 9, seed=5) + generate_recovery("eval", 4, seed=5)
+             + generate_nested("train", 9, seed=5) + generate_composite("train", 3, seed=5)
+             + generate_composite("eval", 3, seed=5))
+    results = []
+    with Verifier(VerifierConfig(base_dir=str(base / "verifier"))) as verifier:
+        for task in tasks:
+            results.append((task, "oracle", *_run(backend, verifier, task, task.oracle.commands, "oracle")))
+            if task.family.startswith("recovery"):
+                results.append((task, "no_mkdir", *_run(backend, verifier, task, task.oracle.commands[1:], "skip")))
+    backend.close()
+    return results
+
+
+def test_new_task_kinds_pass_their_oracles_and_recovery_needs_the_mkdir(new_kinds):
+    for task, label, exits, verification in new_kinds:
+        assert verification.infra_error is None and not verification.tamper_flags, task.id
+        if label == "oracle":
+            assert exits == [0] * len(exits), (task.id, exits)
+            assert verification.resolved and verification.total == task.metadata["checks"], (task.id, verification.tests)
+        else:  # the write into the missing directory fails: partial credit at most, never resolved
+            assert any(exits) and not verification.resolved, task.id

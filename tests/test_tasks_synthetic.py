@@ -148,3 +148,39 @@ def test_vocabularies_small_and_unambiguous():
     for vocabulary in (NAMES, WORDS):
         assert len(set(vocabulary)) == len(vocabulary)
         assert not [(a, b) for a in vocabulary for b in vocabulary if a != b and a in b]
+
+
+def test_recovery_tasks_hide_a_missing_directory_and_hold_out_families():
+    from t1_actors.tasks.synthetic import generate_nested, generate_recovery
+    from t1_actors.tasks.synthetic._recovery import recovery_split
+
+    train, evaluation = generate_recovery("train", 40, seed=1), generate_recovery("eval", 40, seed=1)
+    assert {t.family for t in train} == {"recovery_seen"}
+    assert {t.family for t in evaluation} == {"recovery_seen", "recovery_heldout"}
+    assert all(recovery_split(t.metadata["parts"][0]) == "train" for t in train)
+    for task in train + evaluation:
+        mkdir, *rest = task.oracle.commands
+        directory = mkdir.split()[1]
+        assert mkdir == f"mkdir {directory}" and any(f"{directory}/" in c for c in rest)
+        assert not any(path.startswith(directory + "/") for path in task.environment.files)  # really missing
+        assert "mkdir" not in task.instruction and f"{directory}/" in task.instruction
+    nested = generate_nested("train", 20, seed=1)
+    for task in nested:  # the SFT twin: the directory exists and the oracle never creates it
+        assert not any(c.startswith("mkdir") for c in task.oracle.commands)
+        assert any(path.endswith("/.keep") for path in task.environment.files)
+    assert not {t.instruction for t in train} & {t.instruction for t in evaluation}
+
+
+def test_composite_tasks_prefix_each_part_and_hold_out_pairings():
+    from t1_actors.tasks.synthetic import generate_composite
+    from t1_actors.tasks.synthetic._composite import MAX_CHECKS, pairing_split
+
+    train, evaluation = generate_composite("train", 20, seed=2), generate_composite("eval", 20, seed=2)
+    assert all(pairing_split(*t.metadata["parts"]) == "train" for t in train)
+    assert {len(t.metadata["parts"]) for t in evaluation} == {2, 3}
+    assert all(pairing_split(*t.metadata["parts"]) == "eval" for t in evaluation if len(t.metadata["parts"]) == 2)
+    for task in train + evaluation:
+        assert task.metadata["checks"] <= MAX_CHECKS
+        assert task.instruction.startswith("Task 1: ")
+        body = task.tests.files["test_outputs.py"]
+        assert all(f"def test_p{i}_" in body for i in range(1, len(task.metadata["parts"]) + 1))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tools._skill import kl_rl_sft, plot_pass_at_k
+
 from schemas import (
     CriticWarmup, EvalResult, LearnerStep, SamplerTurn, StalenessDecision, TrajectoryAssembled, TrialIssued,
     VerifierResult,
@@ -282,6 +284,17 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     s = series_of(view.events)
     figures = write_plots(s, out)
     summary = summary_of(s)
+    summary["kl_rl_sft"] = kl_rl_sft(view)
+    curve = plot_pass_at_k(_pass_at_k(view), out)
+    if curve is not None:
+        figures.append(curve)
     md = out / "summary.md"
     md.write_text(markdown_summary(summary, figures, str(view.root)))
     return {**summary, "figures": [str(p) for p in figures], "markdown": str(md)}
+
+
+def _pass_at_k(view) -> dict:
+    from t1_actors.eval_stats import labelled_attempts, pass_at_k_curve
+
+    attempts = labelled_attempts(e for _, e in view.events)
+    return {policy: pass_at_k_curve(attempts.get(f"{policy}_passk", [])) for policy in ("sft", "rl")}

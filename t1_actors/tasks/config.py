@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .formats import load_tasks
 from .model import Split, Task
-from .synthetic import generate
+from .synthetic import generate, generate_composite, generate_nested, generate_recovery
 
 
 class TasksConfig(BaseModel):
@@ -25,6 +25,24 @@ class TasksConfig(BaseModel):
     rl_size: int = Field(0, ge=0, description="the last rl_size synthetic train tasks are kept out of the SFT warm "
                                               "start (tokenizer, oracle pool): RL draws only from them; 0 = SFT and "
                                               "RL share the whole train split")
+
+    validation_size: int = Field(0, ge=0, description="synthetic single-requirement tasks of the validation split "
+                                                      "(eval-side instructions, disjoint from the eval split): "
+                                                      "each policy's best sampling temperature is chosen on it")
+    composite_rl: int = Field(0, ge=0, description="composite train tasks (2 parts, pairings RL may see) added to "
+                                                   "RL's pool; SFT never sees a composite")
+    composite_eval: int = Field(0, ge=0, description="composite tasks added to the eval split (2 parts on held-out "
+                                                     "pairings and 3 parts, alternating)")
+    composite_validation: int = Field(0, ge=0, description="composite tasks of the validation split, drawn like "
+                                                           "the eval split's")
+    nested_sft: int = Field(0, ge=0, description="train tasks whose outputs go to an existing subdirectory, added "
+                                                 "to the SFT warm start (the recovery tasks' twins, minus the error)")
+    recovery_rl: int = Field(0, ge=0, description="error-recovery train tasks (outputs in a missing directory; "
+                                                  "families RL may see) added to RL's pool; SFT never sees one")
+    recovery_eval: int = Field(0, ge=0, description="error-recovery tasks added to the eval split (seen and "
+                                                    "held-out families, alternating)")
+    recovery_validation: int = Field(0, ge=0, description="error-recovery tasks of the validation split, drawn "
+                                                          "like the eval split's")
 
     @model_validator(mode="after")
     def _check(self) -> "TasksConfig":
@@ -48,11 +66,13 @@ class TaskSets:
     by_id: dict[str, Task] = field(default_factory=dict)
     sft: list[Task] = field(default_factory=list)
     rl: list[Task] = field(default_factory=list)
+    validation: list[Task] = field(default_factory=list)
 
     @property
     def carved(self) -> bool:
-        """Whether RL has train tasks of its own (``[tasks] rl_size`` > 0)."""
-        return len(self.rl) < len(self.train)
+        """Whether RL has train tasks SFT never saw (``[tasks] rl_size`` > 0, or recovery / composite tasks)."""
+        sft = {t.id for t in self.sft}
+        return any(t.id not in sft for t in self.rl)
 
     def get(self, task_id: str) -> Task:
         try:
@@ -65,12 +85,26 @@ def build_task_sets(config: TasksConfig) -> TaskSets:
     """The train and eval task lists the config asks for; task ids are unique across both. The synthetic
     train tasks come in a fixed order by index, so ``rl_size`` carves the same tasks whatever else changes."""
     train = generate("train", config.train_size, seed=config.seed, families=config.families)
-    evaluation = generate("eval", config.eval_size, seed=config.seed, families=config.families)
+    # The validation split continues the eval split's draw: eval-side instructions, none of them in eval.
+    single_eval = generate("eval", config.eval_size + config.validation_size, seed=config.seed,
+                           families=config.families)
+    evaluation, validation = single_eval[: config.eval_size], single_eval[config.eval_size:]
+    composite_rl = generate_composite("train", config.composite_rl, seed=config.seed, families=config.families)
+    composite_eval = generate_composite("eval", config.composite_eval + config.composite_validation,
+                                        seed=config.seed, families=config.families)
+    evaluation += composite_eval[: config.composite_eval]
+    validation += composite_eval[config.composite_eval:]
+    nested = generate_nested("train", config.nested_sft, seed=config.seed, families=config.families)
+    recovery_rl = generate_recovery("train", config.recovery_rl, seed=config.seed, families=config.families)
+    recovery_eval = generate_recovery("eval", config.recovery_eval + config.recovery_validation, seed=config.seed,
+                                      families=config.families)
+    evaluation += recovery_eval[: config.recovery_eval]
+    validation += recovery_eval[config.recovery_eval:]
     for root in config.task_dirs:
         loaded = load_tasks(root, split=config.task_dirs_split)
         (train if config.task_dirs_split == "train" else evaluation).extend(loaded)
     by_id: dict[str, Task] = {}
-    for task in [*train, *evaluation]:
+    for task in [*train, *nested, *composite_rl, *recovery_rl, *evaluation, *validation]:
         if task.id in by_id:
             raise ValueError(f"task id {task.id!r} appears twice in the run's task sets; rename one")
         by_id[task.id] = task
@@ -80,4 +114,5 @@ def build_task_sets(config: TasksConfig) -> TaskSets:
         sft, rl = synthetic[:cut] + loaded, synthetic[cut:] + loaded
     else:
         sft, rl = list(train), list(train)
-    return TaskSets(train=train, eval=evaluation, by_id=by_id, sft=sft, rl=rl)
+    return TaskSets(train=train, eval=evaluation, by_id=by_id, sft=sft + nested, rl=rl + composite_rl + recovery_rl,
+                    validation=validation)

@@ -23,7 +23,9 @@ import shutil
 from collections.abc import Iterable
 
 from ..model import Split, Task
+from ._composite import compose, composite_name, draw_parts
 from ._draft import Draft, Family, render_tests
+from ._recovery import recovery_split, with_missing_directory
 from ._files import FAMILIES as _FILE_FAMILIES
 from ._text import FAMILIES as _TEXT_FAMILIES
 from ._tools import FAMILIES as _TOOL_FAMILIES
@@ -33,7 +35,9 @@ EVAL_PERCENT = 20  # share of each family's instruction space that belongs to th
 TEST_FILE = "test_outputs.py"
 _MAX_ATTEMPTS = 500
 
-__all__ = ["EVAL_PERCENT", "FAMILIES", "available_families", "generate", "split_of"]
+__all__ = ["EVAL_PERCENT", "FAMILIES", "available_families", "generate", "generate_composite", "generate_nested",
+           "generate_recovery",
+           "split_of"]
 
 
 def split_of(family: str, instruction: str) -> Split:
@@ -84,7 +88,103 @@ def _draw_task(family: Family, split: Split, seed: int, index: int, seen: set[st
                        f"its parameter space is exhausted, ask for fewer tasks or add vocabulary")
 
 
-def _task(family: Family, split: Split, draft: Draft) -> Task:
+def generate_composite(split: Split, n: int, seed: int = 0, families: Iterable[str] | None = None) -> list[Task]:
+    """``n`` composite tasks of ``split`` (see ``_composite``), deterministic by seed.
+
+    Train composites join two parts on the pairings RL may see; eval composites alternate two parts on
+    held-out pairings and three parts on any families (longer than RL ever trained on). Each part is a
+    draft of its family's own ``split``.
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    pool = [FAMILIES[name] for name in available_families(families)]
+    if len(pool) < 3:
+        raise ValueError(f"composite tasks need at least 3 families, got {[f.name for f in pool]}")
+    seen: set[str] = set()
+    tasks = []
+    for index in range(n):
+        size, pairing = (2, "train") if split == "train" else ((2, "eval") if index % 2 == 0 else (3, None))
+        for attempt in range(_MAX_ATTEMPTS):
+            rng = random.Random(f"t1-composite/{seed}/{split}/{index}/{attempt}")
+            parts = draw_parts(rng, pool, size, pairing)
+            draft = compose([_draw_draft(family, split, rng) for family in parts])
+            if draft is not None and draft.instruction not in seen:
+                break
+        else:
+            raise RuntimeError(f"no new composite {split} task after {_MAX_ATTEMPTS} draws")
+        seen.add(draft.instruction)
+        names = [family.name for family in parts]
+        family = Family(composite_name(names), "composite", lambda _rng: draft)
+        tasks.append(_task(family, split, draft, parts=names))
+    return tasks
+
+
+def generate_nested(split: Split, n: int, seed: int = 0, families: Iterable[str] | None = None) -> list[Task]:
+    """``n`` tasks of ``split`` whose outputs go to an existing subdirectory (``/app/D/x.txt``): the SFT
+    twins of the recovery tasks, every family that writes a file, in turn; deterministic by seed."""
+    pool = [FAMILIES[name] for name in available_families(families)]
+    probe = random.Random("t1-recovery/eligible")
+    usable = [f for f in pool if with_missing_directory(f.draw(probe), probe) is not None]
+    seen: set[str] = set()
+    tasks = []
+    for index in range(n):
+        family = usable[index % len(usable)]
+        for attempt in range(_MAX_ATTEMPTS):
+            rng = random.Random(f"t1-nested/{seed}/{split}/{index}/{attempt}")
+            draft = with_missing_directory(_draw_draft(family, split, rng), rng, exists=True)
+            if draft is not None and draft.instruction not in seen:
+                break
+        else:
+            raise RuntimeError(f"no new nested {split} task of {family.name!r} after {_MAX_ATTEMPTS} draws")
+        seen.add(draft.instruction)
+        tasks.append(_task(Family(f"nested_{family.name}", family.area, lambda _rng: draft), split, draft,
+                           parts=[family.name]))
+    return tasks
+
+
+def generate_recovery(split: Split, n: int, seed: int = 0, families: Iterable[str] | None = None) -> list[Task]:
+    """``n`` error-recovery tasks of ``split`` (see ``_recovery``), deterministic by seed.
+
+    Train tasks come from the families RL may see as recovery tasks; eval tasks alternate those and the
+    held-out ones. Each is a draft of its family's own ``split`` with its outputs in a missing directory.
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    pool = [FAMILIES[name] for name in available_families(families)]
+    probe = random.Random("t1-recovery/eligible")
+    usable = [f for f in pool if with_missing_directory(f.draw(probe), probe) is not None]
+    seen_side = [f for f in usable if recovery_split(f.name) == "train"]
+    held_out = [f for f in usable if recovery_split(f.name) == "eval"]
+    if not seen_side or (split == "eval" and not held_out):
+        raise ValueError(f"recovery tasks need families on both sides of the hold-out; got {[f.name for f in usable]}")
+    seen: set[str] = set()
+    tasks = []
+    for index in range(n):
+        side = seen_side if split == "train" or index % 2 == 0 else held_out
+        family = side[(index // (1 if split == "train" else 2)) % len(side)]
+        for attempt in range(_MAX_ATTEMPTS):
+            rng = random.Random(f"t1-recovery/{seed}/{split}/{index}/{attempt}")
+            draft = with_missing_directory(_draw_draft(family, split, rng), rng)
+            if draft is not None and draft.instruction not in seen:
+                break
+        else:
+            raise RuntimeError(f"no new recovery {split} task of {family.name!r} after {_MAX_ATTEMPTS} draws")
+        seen.add(draft.instruction)
+        tag = f"recovery_{'seen' if recovery_split(family.name) == 'train' else 'heldout'}"
+        tasks.append(_task(Family(tag, "recovery", lambda _rng: draft), split, draft, parts=[family.name]))
+    return tasks
+
+
+def _draw_draft(family: Family, split: Split, rng: random.Random) -> Draft:
+    """A draft of ``family`` whose own instruction belongs to ``split``."""
+    for _ in range(_MAX_ATTEMPTS):
+        draft = family.draw(rng)
+        if split_of(family.name, draft.instruction) == split:
+            return draft
+    raise RuntimeError(f"family {family.name!r}: no {split} draft after {_MAX_ATTEMPTS} draws")
+
+
+def _task(family: Family, split: Split, draft: Draft, parts: list[str] | None = None) -> Task:
     tests = render_tests(draft.checks)
     files = {path: {"content": body, "mode": draft.modes.get(path, 0o644)} for path, body in draft.files.items()}
     fingerprint = hashlib.sha256(repr((family.name, draft.instruction, sorted(files.items()), tests)).encode())
@@ -97,5 +197,5 @@ def _task(family: Family, split: Split, draft: Draft) -> Task:
         oracle={"script": "#!/bin/bash\nset -e\n" + "\n".join(draft.commands) + "\n", "commands": draft.commands},
         tests={"files": {TEST_FILE: tests}, "targets": [TEST_FILE]},
         source_format="synthetic",
-        metadata={"area": family.area, "checks": len(draft.checks)},
+        metadata={"area": family.area, "checks": len(draft.checks), **({"parts": parts} if parts else {})},
     )

@@ -1,0 +1,39 @@
+"""Rules across config sections, run by every load of a run config (``config.parse_config``): ``launch``,
+``check`` and every ``t1-actor ROLE`` refuse the same configs, before any process starts.
+
+Each rule raises ``ValueError`` naming both keys and the fix; ``parse_config`` prefixes the source.
+"""
+
+from __future__ import annotations
+
+
+def check_temperatures(config) -> None:
+    """PPO's ratio is only right when the learner takes logprobs at the temperature the sampler stored."""
+    sampled, trained = config.section("sampler").temperature, config.section("ppo").temperature
+    if sampled != trained:
+        raise ValueError(f"[sampler] temperature = {sampled} but [ppo] temperature = {trained}; set both to the "
+                         "same value (the sampler stores logprobs at its temperature)")
+
+
+def check_groups(config) -> None:
+    """A group baseline needs groups: with one trial per task every trajectory would fall back to GAE."""
+    estimator, size = config.section("ppo").advantage_estimator, config.section("staleness").group_size
+    if estimator == "rloo" and size < 2:
+        raise ValueError(f"[ppo] advantage_estimator = 'rloo' but [staleness] group_size = {size}; set "
+                         "group_size >= 2 (trials per task) or advantage_estimator = 'gae'")
+
+
+def check_actor_params(config) -> None:
+    """Training part of the policy is the torch learner's: refused before any process starts otherwise."""
+    ppo_cfg, backend = config.section("ppo"), config.section("learner").backend
+    if ppo_cfg.trains_part_of_policy and backend != "torch":
+        raise ValueError(f"[ppo] actor_params = {list(ppo_cfg.actor_params)} but [learner] backend = {backend!r}, "
+                         "which trains the whole policy only; use backend = 'torch' or actor_params = ['*']")
+
+
+RULES = (check_temperatures, check_groups, check_actor_params)
+
+
+def check_run(config) -> None:
+    for rule in RULES:
+        rule(config)

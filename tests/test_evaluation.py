@@ -1,0 +1,137 @@
+"""The skill-vs-sharpening eval protocol (t1_actors.evaluation) on real engines in one process, and its
+statistics (pass@k, per-position rates) and summary keys (t1_actors.skill_report)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, strategies as st
+
+from schemas import EvalResult, TrialIssued, VerifierResult
+from t1_actors.eval_stats import Attempt, pass_at_k, pass_at_k_curve, per_position_rates, part_of
+from t1_actors.evaluation import EvalConfig, best_temperature, evaluate_policy, pass_k_subset
+from t1_actors.skill_report import skill_report
+
+from test_trials import _run, world  # noqa: F401  (the module-scoped engines fixture)
+
+
+def _result(resolved, n, reward=0.0, label="x", temperature=None):
+    return EvalResult(label=label, policy_version=0, n=n, resolved=resolved, mean_reward=reward, ci_low=0.0,
+                      ci_high=1.0, temperature=temperature)
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    assert pass_at_k(16, 0, 4) == 0.0 and pass_at_k(16, 16, 1) == 1.0
+    assert pass_at_k(16, 4, 1) == pytest.approx(4 / 16)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(4, 2))
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+
+
+@given(st.integers(1, 20).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n))))
+def test_pass_at_k_rises_with_k(nc):
+    n, c = nc
+    curve = [pass_at_k(n, c, k) for k in range(1, n + 1)]
+    assert all(b >= a - 1e-12 for a, b in zip(curve, curve[1:]))
+    assert curve[0] == pytest.approx(c / n)
+
+
+def test_pass_at_k_curve_and_positions():
+    attempts = [Attempt("a", s, s < 2, 0.1, {}) for s in range(4)] + [Attempt("b", s, False, 0.0, {}) for s in range(4)]
+    curve = pass_at_k_curve(attempts)
+    assert list(curve) == [1, 2, 3, 4] and curve[1] == pytest.approx(0.25) and curve[4] == pytest.approx(0.5)
+    assert part_of("test_outputs.py::test_p2_first_line") == 2 and part_of("test_outputs.py::test_first") is None
+    tests = {"t.py::test_p1_a": "passed", "t.py::test_p1_b": "passed", "t.py::test_p2_a": "failed"}
+    assert per_position_rates([Attempt("c", 0, False, 0.1, tests)]) == {1: 1.0, 2: 0.0}
+
+
+def test_best_temperature_prefers_resolved_then_reward_then_the_run_temperature():
+    grid = {0.5: _result(8, 10, 0.3), 1.0: _result(6, 10, 0.4), 0.25: _result(8, 10, 0.2)}
+    assert best_temperature(grid, 1.0) == 0.5
+    tie = {0.5: _result(8, 10, 0.3), 1.0: _result(8, 10, 0.3)}
+    assert best_temperature(tie, 1.0) == 1.0
+    with pytest.raises(ValueError, match="temperatures"):
+        EvalConfig(temperatures=[0.5, 0.5])
+
+
+def test_pass_k_subset_takes_composites_first():
+    class T:
+        def __init__(self, i, family):
+            self.id, self.family = i, family
+    tasks = [T("s1", "head_tail"), T("c1", "composite3"), T("s2", "cleanup"), T("c2", "composite2_seen")]
+    assert pass_k_subset(tasks, 3) == ["c1", "c2", "s1"]
+
+
+def test_the_protocol_runs_each_pass_once_with_labels_and_common_random_numbers(world):
+    config = EvalConfig(temperatures=[0.25, 1.0], pass_k_tasks=2, pass_k_samples=3)
+
+    async def body(ports, runner, tasks):
+        ids = [t.id for t in tasks]
+        done: dict = {}
+        best = await evaluate_policy(runner, "sft", validation_ids=ids[:4], eval_ids=ids[4:8], pass_k_ids=ids[8:10],
+                                     config=config, run_temperature=1.0, concurrency=4, done=done)
+        before = len(ports.events)
+        again = await evaluate_policy(runner, "sft", validation_ids=ids[:4], eval_ids=ids[4:8],
+                                      pass_k_ids=ids[8:10], config=config, run_temperature=1.0, concurrency=4,
+                                      done=done)
+        return ports, best, again, before
+
+    ports, best, again, before = _run(world, body)
+    assert best == again and len(ports.events) == before  # a pass already done is never run again
+    results = {e.label: e for e in ports.events if isinstance(e, EvalResult)}
+    expected = {"sft_val_T0.25", "sft_val_T1", "before", "sft_passk"} | ({"sft_best"} if best != 1.0 else set())
+    assert set(results) == expected
+    assert [name for name, e in results.items() if e.last] == ["sft_passk"]
+    assert results["sft_passk"].n == 6 and results["sft_passk"].samples == 3
+    issued = [e for e in ports.events if isinstance(e, TrialIssued)]
+    assert {e.label for e in issued} == expected
+    assert sorted(e.sample for e in issued if e.label == "sft_passk") == [0, 0, 1, 1, 2, 2]
+    assert {e.temperature for e in issued if e.label == "sft_val_T0.25"} == {0.25}
+
+
+class _Log:
+    def __init__(self, events):
+        self._events = events
+
+    def events(self, kinds):
+        return [(i, e) for i, e in enumerate(self._events) if e.kind in kinds]
+
+
+def _pass(label, temperature, outcomes, samples=1, last=False):
+    """Trials of one pass (task -> resolved list by sample) and its EvalResult."""
+    events = []
+    for task, by_sample in outcomes.items():
+        for sample, ok in enumerate(by_sample):
+            trial = f"{label}-{task}-{sample}"
+            events.append(TrialIssued(trial_id=trial, task_id=task, split="eval", label=label, sample=sample,
+                                      temperature=temperature, policy_version_wanted=0))
+            tests = {"t.py::test_p1_a": "passed", "t.py::test_p2_a": "passed" if ok else "failed"}
+            events.append(VerifierResult(trial_id=trial, task_id=task, tests=tests, passed=1 + ok, total=2,
+                                         reward=(1 + ok) / 20, reward_scale=20, verifier_sha256="0" * 64))
+    n = sum(len(v) for v in outcomes.values())
+    resolved = sum(sum(v) for v in outcomes.values())
+    events.append(EvalResult(label=label, policy_version=0, n=n, resolved=resolved, mean_reward=0.0, ci_low=0,
+                             ci_high=1, temperature=temperature, samples=samples, last=last, mean_turns=2.0))
+    return events
+
+
+def test_skill_report_pairs_the_best_passes_and_fills_every_key():
+    tasks = [f"t{i}" for i in range(6)]
+    events = (_pass("sft_val_T0.5", 0.5, {t: [i < 3] for i, t in enumerate(tasks)})
+              + _pass("sft_val_T1", 1.0, {t: [i < 2] for i, t in enumerate(tasks)})
+              + _pass("before", None, {t: [i < 2] for i, t in enumerate(tasks)})
+              + _pass("sft_best", 0.5, {t: [i < 3] for i, t in enumerate(tasks)})
+              + _pass("sft_passk", 0.5, {t: [i < 3, False] for i, t in enumerate(tasks)}, samples=2, last=True)
+              + _pass("rl_val_T1", 1.0, {t: [i < 5] for i, t in enumerate(tasks)})
+              + _pass("after", None, {t: [i < 5] for i, t in enumerate(tasks)})
+              + _pass("rl_passk", 1.0, {t: [i < 5, i < 4] for i, t in enumerate(tasks)}, samples=2, last=True))
+    report = skill_report(_Log(events), run_temperature=1.0, recipe={"advantage_estimator": "gae"})
+    assert report["eval_sft_best"]["temperature"] == 0.5 and report["eval_sft_best"]["label"] == "sft_best"
+    assert report["eval_rl_best"]["temperature"] == 1.0 and report["eval_rl_best"]["label"] == "after"
+    change = report["eval_change_vs_sft_best"]
+    assert (change["gained"], change["lost"], change["tasks"]) == (2, 0, 6)
+    assert report["temperature_grid"]["sft"] == {"0.5": 0.5, "1": pytest.approx(1 / 3)}
+    assert report["pass_at_k"]["rl"][1] == pytest.approx(9 / 12) and set(report["pass_at_k"]["sft"]) == {1, 2}
+    assert report["per_position"]["rl"] == {1: 1.0, 2: pytest.approx(5 / 6)}
+    assert report["turns"]["sft"] == {"before": 2.0, "sft_best": 2.0}
