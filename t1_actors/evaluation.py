@@ -40,8 +40,8 @@ class EvalConfig(BaseModel):
     temperatures: list[float] = Field([0.1, 0.25, 0.5, 0.7, 1.0], min_length=1,
                                       description="the grid each policy's best temperature is chosen from, on "
                                                   "the validation split")
-    pass_k_tasks: int = Field(32, ge=0, description="eval tasks of the pass@k curve (composites first, in eval "
-                                                    "order); 0: no pass@k")
+    pass_k_tasks: int = Field(32, ge=0, description="eval tasks of the pass@k curve (recovery and composite "
+                                                    "tasks first, in eval order); 0: no pass@k")
     pass_k_samples: int = Field(16, ge=1, description="attempts per pass@k task: pass@k for k = 1..this")
 
     @field_validator("temperatures")
@@ -68,11 +68,15 @@ def best_temperature(grid: dict[float, EvalResult], run_temperature: float) -> f
                                     -abs(t - run_temperature)))
 
 
+SKILL_KINDS = ("recovery", "composite")  # task kinds whose skill SFT never demonstrates
+
+
 def pass_k_subset(eval_tasks: Sequence, n: int) -> list[str]:
-    """The fixed pass@k tasks: the first ``n`` composite eval tasks, then single ones, in eval order."""
-    composite = [t.id for t in eval_tasks if (t.family or "").startswith("composite")]
-    single = [t.id for t in eval_tasks if not (t.family or "").startswith("composite")]
-    return (composite + single)[:n]
+    """The fixed pass@k tasks: the first ``n`` eval tasks of the skill kinds (recovery, composite), then
+    single-requirement ones, in eval order."""
+    skill = [t.id for t in eval_tasks if (t.family or "").startswith(SKILL_KINDS)]
+    single = [t.id for t in eval_tasks if not (t.family or "").startswith(SKILL_KINDS)]
+    return (skill + single)[:n]
 
 
 async def evaluate_policy(runner: TrialRunner, policy: str, *, validation_ids: list[str], eval_ids: list[str],

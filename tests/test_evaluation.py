@@ -55,11 +55,11 @@ def test_best_temperature_prefers_resolved_then_reward_then_the_run_temperature(
         EvalConfig(temperatures=[0.5, 0.5])
 
 
-def test_pass_k_subset_takes_composites_first():
+def test_pass_k_subset_takes_the_skill_kinds_first():
     class T:
         def __init__(self, i, family):
             self.id, self.family = i, family
-    tasks = [T("s1", "head_tail"), T("c1", "composite3"), T("s2", "cleanup"), T("c2", "composite2_seen")]
+    tasks = [T("s1", "head_tail"), T("c1", "composite3"), T("s2", "cleanup"), T("c2", "recovery_seen")]
     assert pass_k_subset(tasks, 3) == ["c1", "c2", "s1"]
 
 

@@ -160,14 +160,16 @@ def test_recovery_tasks_hide_a_missing_directory_and_hold_out_families():
     assert all(recovery_split(t.metadata["parts"][0]) == "train" for t in train)
     for task in train + evaluation:
         mkdir, *rest = task.oracle.commands
-        directory = mkdir.split()[1]
-        assert mkdir == f"mkdir {directory}" and any(f"{directory}/" in c for c in rest)
+        directory = mkdir.split()[-1]
+        assert mkdir == f"mkdir -p {directory}" and any(f"{directory}/" in c for c in rest)
         assert not any(path.startswith(directory + "/") for path in task.environment.files)  # really missing
         assert "mkdir" not in task.instruction and f"{directory}/" in task.instruction
-    nested = generate_nested("train", 20, seed=1)
-    for task in nested:  # the SFT twin: the directory exists and the oracle never creates it
-        assert not any(c.startswith("mkdir") for c in task.oracle.commands)
+    nested = generate_nested("train", 40, seed=1, mkdir_share=0.25)
+    for task in nested:  # the SFT twin: the directory exists; some oracles make sure of it first
         assert any(path.endswith("/.keep") for path in task.environment.files)
+    creating = sum(task.oracle.commands[0].startswith("mkdir -p ") for task in nested)
+    assert 4 <= creating <= 18
+    assert not any(c.startswith("mkdir") for t in generate_nested("train", 20, seed=1) for c in t.oracle.commands)
     assert not {t.instruction for t in train} & {t.instruction for t in evaluation}
 
 

@@ -37,6 +37,8 @@ class TasksConfig(BaseModel):
                                                            "the eval split's")
     nested_sft: int = Field(0, ge=0, description="train tasks whose outputs go to an existing subdirectory, added "
                                                  "to the SFT warm start (the recovery tasks' twins, minus the error)")
+    nested_mkdir_share: float = Field(0.0, ge=0, le=1, description="share of the nested SFT tasks whose oracle "
+                                                                  "first runs the harmless mkdir -p of the directory")
     recovery_rl: int = Field(0, ge=0, description="error-recovery train tasks (outputs in a missing directory; "
                                                   "families RL may see) added to RL's pool; SFT never sees one")
     recovery_eval: int = Field(0, ge=0, description="error-recovery tasks added to the eval split (seen and "
@@ -94,7 +96,8 @@ def build_task_sets(config: TasksConfig) -> TaskSets:
                                         seed=config.seed, families=config.families)
     evaluation += composite_eval[: config.composite_eval]
     validation += composite_eval[config.composite_eval:]
-    nested = generate_nested("train", config.nested_sft, seed=config.seed, families=config.families)
+    nested = generate_nested("train", config.nested_sft, seed=config.seed, families=config.families,
+                             mkdir_share=config.nested_mkdir_share)
     recovery_rl = generate_recovery("train", config.recovery_rl, seed=config.seed, families=config.families)
     recovery_eval = generate_recovery("eval", config.recovery_eval + config.recovery_validation, seed=config.seed,
                                       families=config.families)

@@ -119,9 +119,11 @@ def generate_composite(split: Split, n: int, seed: int = 0, families: Iterable[s
     return tasks
 
 
-def generate_nested(split: Split, n: int, seed: int = 0, families: Iterable[str] | None = None) -> list[Task]:
+def generate_nested(split: Split, n: int, seed: int = 0, families: Iterable[str] | None = None,
+                    mkdir_share: float = 0.0) -> list[Task]:
     """``n`` tasks of ``split`` whose outputs go to an existing subdirectory (``/app/D/x.txt``): the SFT
-    twins of the recovery tasks, every family that writes a file, in turn; deterministic by seed."""
+    twins of the recovery tasks, every family that writes a file, in turn; deterministic by seed. A
+    ``mkdir_share`` of their oracles first run the harmless ``mkdir -p D``."""
     pool = [FAMILIES[name] for name in available_families(families)]
     probe = random.Random("t1-recovery/eligible")
     usable = [f for f in pool if with_missing_directory(f.draw(probe), probe) is not None]
@@ -131,7 +133,8 @@ def generate_nested(split: Split, n: int, seed: int = 0, families: Iterable[str]
         family = usable[index % len(usable)]
         for attempt in range(_MAX_ATTEMPTS):
             rng = random.Random(f"t1-nested/{seed}/{split}/{index}/{attempt}")
-            draft = with_missing_directory(_draw_draft(family, split, rng), rng, exists=True)
+            draft = with_missing_directory(_draw_draft(family, split, rng), rng, exists=True,
+                                           creates=rng.random() < mkdir_share)
             if draft is not None and draft.instruction not in seen:
                 break
         else:

@@ -52,12 +52,14 @@ def _move(text: str, moves: dict[str, str]) -> str:
     return text
 
 
-def with_missing_directory(draft: Draft, rng: random.Random, *, exists: bool = False) -> Draft | None:
-    """The draft with its output files moved into a new directory its oracle must create first; None when
-    the draft writes no new file (or no free directory name is left).
+def with_missing_directory(draft: Draft, rng: random.Random, *, exists: bool = False,
+                           creates: bool = True) -> Draft | None:
+    """The draft with its output files moved into a new directory its oracle must create first
+    (``mkdir -p D``); None when the draft writes no new file (or no free directory name is left).
 
-    ``exists``: the SFT twin instead, whose directory is already there (it holds a hidden ``.keep``) and
-    whose oracle is the family's own: SFT learns to copy nested output paths, never to recover."""
+    ``exists``: the SFT twin instead, whose directory is already there (it holds a hidden ``.keep``); its
+    oracle starts with the harmless ``mkdir -p D`` only when ``creates``. SFT then learns to copy nested
+    output paths and sometimes to make sure of the directory first, and never sees a write fail."""
     written = outputs(draft)
     if not written:
         return None
@@ -71,6 +73,7 @@ def with_missing_directory(draft: Draft, rng: random.Random, *, exists: bool = F
     checks = [Check(c.name, _move(c.body, moves)) for c in draft.checks]
     files = {**draft.files, **({f"{directory}/.keep": ""} if exists else {})}
     commands = [_move(c, moves) for c in draft.commands]
-    return Draft(instruction=_move(draft.instruction, moves), commands=commands if exists else
-                 [f"mkdir {directory}", *commands], checks=checks, files=files, modes=dict(draft.modes),
-                 env=dict(draft.env))
+    if creates or not exists:
+        commands.insert(0, f"mkdir -p {directory}")
+    return Draft(instruction=_move(draft.instruction, moves), commands=commands, checks=checks, files=files,
+                 modes=dict(draft.modes), env=dict(draft.env))
