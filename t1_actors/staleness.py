@@ -172,9 +172,12 @@ class StalenessActor(Actor):
                 order = grouped(itertools.cycle(rng.sample(self.rl_ids, len(self.rl_ids))),
                                 self.staleness.group_size)
                 end = trio.current_time() + self._rl_seconds_left()
+                # steps a restarted controller finds already taken (read from the log, not the version follower)
+                learned_before = max((e.version for e in await self._events("weights_published")), default=0)
 
                 def until() -> bool:  # the step budget (two runs of a seed take the same steps) or the clock
-                    steps_done = self.campaign.rl_steps is not None and self.stats.batches >= self.campaign.rl_steps
+                    budget = self.campaign.rl_steps
+                    steps_done = budget is not None and learned_before + self.stats.batches >= budget
                     return steps_done or trio.current_time() >= end
 
                 await run_batches(runner, lambda: next(order), self.staleness, until=until,

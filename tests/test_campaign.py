@@ -73,7 +73,8 @@ def _dump(data: dict) -> str:
 def _micro_config(tmp_path: Path, **changes) -> Path:
     """configs/tiny.toml shrunk further for tests (its [quick] tables still apply with --quick)."""
     data = tomllib.loads(TINY.read_text())
-    data["quick"]["tasks"].update(train_size=200, eval_size=12)
+    data["quick"]["tasks"].update(train_size=200, eval_size=8, recovery_eval=4, validation_size=4,
+                                  recovery_validation=4)
     data["quick"]["campaign"].update(sft_seconds=40, rl_seconds=40, warmup_trials=6, eval_concurrency=12)
     data["quick"]["critic"] = {"warmup_trajectories": 4}
     data["quick"]["staleness"] = {"batch_size": 6}
@@ -130,6 +131,7 @@ def test_campaign_runs_all_six_actors_and_logs_every_event_type(plain_run):
     for label in ("eval_before", "eval_after"):
         assert summary[label]["n"] == 12 and 0 <= summary[label]["resolved"] <= 12
         assert {"resolved", "n", "mean_reward"} <= set(summary[label])
+    _the_skill_keys_are_filled(summary)
     counts = EventLog.open(run_dir / "log").counts()
     assert summary["events"] == counts
     # Every event kind of schemas/events.py is a fact this campaign produces. A sandbox_exec needs the
@@ -143,6 +145,22 @@ def test_campaign_runs_all_six_actors_and_logs_every_event_type(plain_run):
     assert change["tasks"] == 12 and change["resolved_before"] == summary["eval_before"]["resolved"]
     assert change["resolved_after"] == summary["eval_after"]["resolved"] and 0 < change["mcnemar_p"] <= 1
     _every_sampled_command_of_an_eval_trial_was_executed(EventLog.open(run_dir / "log"), run_dir)
+
+
+def _the_skill_keys_are_filled(summary):
+    """The eval protocol ran for both policies: every key the skill-vs-sharpening comparison reads."""
+    grid = summary["temperature_grid"]
+    assert set(grid["sft"]) == set(grid["rl"]) == {"0.5", "1"}
+    for policy in ("sft", "rl"):
+        best = summary[f"eval_{policy}_best"]
+        assert best["n"] == 12 and best["temperature"] in (0.5, 1.0)
+        assert sorted(summary["pass_at_k"][policy]) == ["1", "2", "3", "4"]
+        assert summary["turns"][policy]
+    change = summary["eval_change_vs_sft_best"]
+    assert change["tasks"] == 12 and {"gained", "lost", "mcnemar_p", "reward_delta", "reward_delta_ci95"} <= set(change)
+    assert summary["recipe"] == {"advantage_estimator": "gae", "group_size": 1, "actor_params": ["*"],
+                                 "reward": "P / 20"}
+    assert "kl_rl_sft" in summary
 
 
 def _every_sampled_command_of_an_eval_trial_was_executed(log, run_dir):
@@ -199,7 +217,7 @@ def hostile_run(tmp_path_factory, plain_run):
         if spec["role"] == "sampler":
             spec["actor_class"] = "slow_sampler:SlowSampler"
     config = _micro_config(tmp, actors=actors, staleness={"batch_size": 4, "max_staleness": 0, "oversample": 1.0},
-                           campaign={"rl_seconds": 75, "warm_start_from": str(plain_run[2])})
+                           campaign={"rl_seconds": 75, "rl_steps": 12, "warm_start_from": str(plain_run[2])})
     env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     process = _launch(config, run_dir, env)
     killed = None

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tools._skill import kl_rl_sft, plot_pass_at_k
-
 from schemas import (
     CriticWarmup, EvalResult, LearnerStep, SamplerTurn, StalenessDecision, TrajectoryAssembled, TrialIssued,
     VerifierResult,
 )
+from tools._skill import kl_rl_sft, plot_pass_at_k
 
 
 def series_of(events) -> dict:

@@ -1,0 +1,128 @@
+"""What a campaign shows while it runs: progress bars on a terminal, a plain line every few percent
+otherwise (a run writing to a file), and the actor phase followed from the log until the RL policy's
+last eval pass."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .campaign import CampaignConfig, log_path, warm_start
+
+
+class _Milestones:
+    """Plain progress lines for a console that is no terminal (a run writing to a file shows no bars):
+    one line each time ``done / total`` passes another ``every`` (a tenth by default); none when total = 0."""
+
+    def __init__(self, console, what: str, total: int, every: float = 0.1):
+        self.console, self.what, self.total, self.every, self.next = console, what, total, every, every
+
+    def __call__(self, done: int, info: str = "") -> None:
+        if self.console.is_terminal or not self.total or done / self.total < self.next:
+            return
+        while done / self.total >= self.next:
+            self.next += self.every
+        self.console.log(f"{self.what}: {done}/{self.total} ({done / self.total:.0%}) {info}".rstrip())
+
+
+def sft_with_progress(config, tasks, tokenizer, campaign, console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("[bold]3/5 {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False, console=console) as bar:
+        pool = bar.add_task("oracle pool (executed oracle chats)", total=len(tasks.sft), info="")
+        by_steps = campaign.sft_steps is not None
+        total = campaign.sft_steps if by_steps else int(campaign.sft_seconds)
+        sft = bar.add_task(f"SFT warm start ({'steps' if by_steps else 'seconds'})", total=total, info="", start=False)
+        start = [0.0]
+        pool_lines = _Milestones(console, "3/5 oracle pool", len(tasks.sft))
+        sft_lines = _Milestones(console, f"3/5 SFT ({'steps' if by_steps else 'seconds'})", total, every=0.05)
+
+        def pool_progress(done: int, total: int) -> None:
+            bar.update(pool, completed=done)
+            pool_lines(done)
+
+        def progress(step: int, loss: float) -> None:
+            if not start[0]:
+                start[0] = time.monotonic()
+                bar.start_task(sft)
+            done = step if by_steps else min(int(time.monotonic() - start[0]), total)
+            bar.update(sft, completed=done, info=f"step {step} loss {loss:.3f}")
+            sft_lines(done, f"loss {loss:.3f}")
+
+        return warm_start(config, tasks, tokenizer, pool_progress=pool_progress, progress=progress)
+
+
+async def run_actors(config, campaign: CampaignConfig, console) -> None:
+    """Phase 4: the six actors under the supervisor until the staleness controller's final eval is logged.
+
+    SIGINT/SIGTERM reach the supervisor, which stops every actor cleanly; the summary is still written
+    from whatever the log holds.
+    """
+    import trio
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from storage import EventLog
+
+    from .runtime.supervisor import Supervisor
+
+    log = EventLog.open(log_path(Path(config.run.dir)))
+    # A deadline on the whole phase, so a wedged actor cannot hang the job: RL's bound, the last steps,
+    # start-ups, and an hour for the eval protocol's passes (the default run's take ~15 min).
+    budget = campaign.rl_seconds + campaign.finish_timeout_s + 2 * campaign.actor_ready_timeout_s + 3600
+    supervisor = Supervisor(config)
+    async with trio.open_nursery() as nursery:
+
+        async def supervise(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            await supervisor.run(handle_signals=True, task_status=task_status)
+            nursery.cancel_scope.cancel()  # stopped by a signal or a failure: nothing left to follow
+
+        with trio.fail_after(campaign.actor_ready_timeout_s * 3):
+            await nursery.start(supervise)
+        console.log(f"actors up: {', '.join(sorted(supervisor.actors))}")
+        try:
+            with Progress(TextColumn("[bold]4/5 {task.fields[phase]}"), BarColumn(),
+                          TextColumn("{task.fields[info]}")) as bar:
+                job = bar.add_task("actors", total=None, phase="eval before", info="")
+                with trio.fail_after(budget):
+                    await _follow(log, bar, job, _Milestones(console, "4/5 PPO steps", campaign.rl_steps or 0,
+                                                             every=0.05))
+        finally:
+            with trio.CancelScope(shield=True):
+                await supervisor.shutdown("campaign finished")
+
+
+async def _follow(log, bar, job, step_lines) -> None:
+    """Show the campaign's progress from the log until the final eval appears."""
+    import trio
+
+    from schemas import EvalResult, LearnerStep, StalenessDecision, VerifierResult
+
+    cursor = log.cursor(kinds=["eval_result", "learner_step", "staleness_decision", "verifier_result",
+                               "critic_warmup"])
+    verified = admitted = 0
+    phase, info = "eval before", ""
+    while True:
+        for _, event in await cursor.apoll():
+            if isinstance(event, VerifierResult):
+                verified += 1
+            elif isinstance(event, StalenessDecision) and event.decision == "admit":
+                admitted += 1
+                phase = "asynchronous PPO"
+            elif isinstance(event, LearnerStep):
+                m = event.metrics
+                info = (f"step {event.step} v{event.policy_version} loss {m.get('policy_loss', float('nan')):.3f} "
+                        f"EV {m.get('explained_variance', float('nan')):.2f}")
+                step_lines(event.policy_version, info)
+            elif isinstance(event, EvalResult):
+                bar.console.log(f"eval {event.label}: {event.resolved}/{event.n} resolved "
+                                f"({event.resolved / max(event.n, 1):.1%}, CI {event.ci_low:.1%}-{event.ci_high:.1%}), "
+                                f"mean reward {event.mean_reward:.3f}")
+                if event.last and (event.label == "after" or event.label.startswith("rl_")):
+                    return
+                phase = "warm-up + PPO"
+            elif event.kind == "critic_warmup":
+                bar.console.log(f"critic warm-up: EV {event.explained_variance_before:.2f} -> "
+                                f"{event.explained_variance_after:.2f} on {event.trajectories} trajectories")
+        bar.update(job, phase=phase, info=f"{verified} trials verified, {admitted} admitted {info}")
+        await trio.sleep(0.5)
