@@ -95,6 +95,8 @@ def generate_composite(split: Split, n: int, seed: int = 0, families: Iterable[s
     held-out pairings and three parts on any families (longer than RL ever trained on). Each part is a
     draft of its family's own ``split``.
     """
+    if n == 0:
+        return []
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     pool = [FAMILIES[name] for name in available_families(families)]
@@ -124,6 +126,8 @@ def generate_nested(split: Split, n: int, seed: int = 0, families: Iterable[str]
     """``n`` tasks of ``split`` whose outputs go to an existing subdirectory (``/app/D/x.txt``): the SFT
     twins of the recovery tasks, every family that writes a file, in turn; deterministic by seed. A
     ``mkdir_share`` of their oracles first run the harmless ``mkdir -p D``."""
+    if n == 0:
+        return []
     pool = [FAMILIES[name] for name in available_families(families)]
     probe = random.Random("t1-recovery/eligible")
     usable = [f for f in pool if with_missing_directory(f.draw(probe), probe) is not None]
@@ -151,6 +155,8 @@ def generate_recovery(split: Split, n: int, seed: int = 0, families: Iterable[st
     Train tasks come from the families RL may see as recovery tasks; eval tasks alternate those and the
     held-out ones. Each is a draft of its family's own ``split`` with its outputs in a missing directory.
     """
+    if n == 0:
+        return []
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     pool = [FAMILIES[name] for name in available_families(families)]
