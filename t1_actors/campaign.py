@@ -208,7 +208,7 @@ def eval_change(log) -> dict[str, Any] | None:
     one after)."""
     from .eval_stats import eval_outcomes, first_attempts, labelled_attempts, paired_change
 
-    events = list(log.events(kinds=["trial_issued", "verifier_result"]))
+    events = [e for _, e in log.events(kinds=["trial_issued", "verifier_result"])]
     attempts = labelled_attempts(events)
     if "before" in attempts and "after" in attempts:
         return paired_change(first_attempts(attempts["before"]), first_attempts(attempts["after"])).as_dict()

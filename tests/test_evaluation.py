@@ -135,3 +135,13 @@ def test_skill_report_pairs_the_best_passes_and_fills_every_key():
     assert report["pass_at_k"]["rl"][1] == pytest.approx(9 / 12) and set(report["pass_at_k"]["sft"]) == {1, 2}
     assert report["per_position"]["rl"] == {1: 1.0, 2: pytest.approx(5 / 6)}
     assert report["turns"]["sft"] == {"before": 2.0, "sft_best": 2.0}
+
+
+def test_eval_change_pairs_the_labelled_before_and_after_passes():
+    from t1_actors.campaign import eval_change
+
+    tasks = [f"t{i}" for i in range(5)]
+    events = (_pass("before", None, {t: [i < 2] for i, t in enumerate(tasks)})
+              + _pass("after", None, {t: [0 < i < 4] for i, t in enumerate(tasks)}))
+    change = eval_change(_Log(events))
+    assert (change["tasks"], change["gained"], change["lost"]) == (5, 2, 1)
