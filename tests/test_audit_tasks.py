@@ -184,3 +184,25 @@ def test_tests_directory_visible_to_the_agent_is_a_leak(runner):
     audit = audit_task(task, runner, determinism=False)
     leak = next(g for g in audit.gates if g.name == "no_leakage")
     assert not leak.passed and "LEAK" not in leak.detail and "/tests" in leak.detail
+
+
+def test_the_new_synthetic_kinds_pass_every_gate(runner, tmp_path):
+    """Recovery, nested and composite tasks, written to disk in the project's own format and read back,
+    pass t1-audit's executed gates (oracle passes, no-op fails, no shortcut, no leakage, no hidden
+    requirement): for a recovery task, skipping its mkdir is one of the shortcuts tried, and it fails."""
+    from t1_actors.tasks import load_tasks
+    from t1_actors.tasks.synthetic import generate_composite, generate_nested, generate_recovery
+
+    tasks = (generate_recovery("train", 2, seed=9) + generate_recovery("eval", 2, seed=9)[1:]
+             + generate_nested("train", 1, seed=9) + generate_composite("eval", 1, seed=9))
+    for task in tasks:
+        write_task(task, tmp_path / "good" / task.id)
+    for task in load_tasks(tmp_path / "good"):
+        audit = audit_task(task, runner, determinism=False)
+        assert audit.ok, audit.to_json()
+    # A nested SFT twin whose oracle first makes sure of its (existing) directory has a step it does not
+    # need, and the audit says so: dropping the mkdir -p still passes. That is the design, nothing hidden.
+    [twin] = generate_nested("train", 1, seed=9, mkdir_share=1.0)
+    audit = audit_task(twin, runner, determinism=False)
+    assert {g.name for g in audit.gates if not g.passed} == {"no_shortcut"}
+    assert "drop[0]" in next(g.detail for g in audit.gates if g.name == "no_shortcut")

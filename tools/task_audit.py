@@ -141,13 +141,16 @@ _NOT_FILES = {"os.path", "sys.path", "pathlib.Path", "subprocess.run", "re.match
 
 
 def mentioned_paths(source: str) -> set[str]:
-    """Paths and file names in the string literals of a Python test file."""
+    """Paths and file names in the string literals of a Python test file (docstrings are prose, not checks:
+    left out)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         literals = re.findall(r"""["']([^"'\n]{1,200})["']""", source)
     else:
-        literals = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        literals = [n.value for n in ast.walk(tree)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in prose]
     found = set()
     for literal in literals:
         for token in re.split(r"[\s,;=:'\"()]+", literal):
