@@ -173,7 +173,7 @@ class StalenessActor(Actor):
                                 self.staleness.group_size)
                 end = trio.current_time() + self._rl_seconds_left()
                 # steps a restarted controller finds already taken (read from the log, not the version follower)
-                learned_before = max((e.version for e in await self._events("weights_published")), default=0)
+                learned_before = max((e.version for _, e in await self._events("weights_published")), default=0)
 
                 def until() -> bool:  # the step budget (two runs of a seed take the same steps) or the clock
                     budget = self.campaign.rl_steps
