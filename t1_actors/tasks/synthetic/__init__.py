@@ -83,7 +83,7 @@ def _draw_task(family: Family, split: Split, seed: int, index: int, seen: set[st
         rng = random.Random(f"t1-synthetic/{seed}/{split}/{index}/{attempt}")
         draft = family.draw(rng)
         if split_of(family.name, draft.instruction) == split and draft.instruction not in seen:
-            return _task(family, split, draft)
+            return _task(family.name, family.area, split, draft)
     raise RuntimeError(f"family {family.name!r}: no new {split} task after {_MAX_ATTEMPTS} draws; "
                        f"its parameter space is exhausted, ask for fewer tasks or add vocabulary")
 
@@ -106,18 +106,13 @@ def generate_composite(split: Split, n: int, seed: int = 0, families: Iterable[s
     tasks = []
     for index in range(n):
         size, pairing = (2, "train") if split == "train" else ((2, "eval") if index % 2 == 0 else (3, None))
-        for attempt in range(_MAX_ATTEMPTS):
-            rng = random.Random(f"t1-composite/{seed}/{split}/{index}/{attempt}")
+
+        def draw(rng: random.Random) -> tuple[Draft | None, list[str]]:
             parts = draw_parts(rng, pool, size, pairing)
-            draft = compose([_draw_draft(family, split, rng) for family in parts])
-            if draft is not None and draft.instruction not in seen:
-                break
-        else:
-            raise RuntimeError(f"no new composite {split} task after {_MAX_ATTEMPTS} draws")
-        seen.add(draft.instruction)
-        names = [family.name for family in parts]
-        family = Family(composite_name(names), "composite", lambda _rng: draft)
-        tasks.append(_task(family, split, draft, parts=names))
+            return compose([_draw_draft(family, split, rng) for family in parts]), [f.name for f in parts]
+
+        draft, names = _new_draft(f"t1-composite/{seed}/{split}/{index}", draw, seen, f"composite {split} task")
+        tasks.append(_task(composite_name(names), "composite", split, draft, parts=names))
     return tasks
 
 
@@ -128,24 +123,18 @@ def generate_nested(split: Split, n: int, seed: int = 0, families: Iterable[str]
     ``mkdir_share`` of their oracles first run the harmless ``mkdir -p D``."""
     if n == 0:
         return []
-    pool = [FAMILIES[name] for name in available_families(families)]
-    probe = random.Random("t1-recovery/eligible")
-    usable = [f for f in pool if with_missing_directory(f.draw(probe), probe) is not None]
+    usable = _writing_families(families)
     seen: set[str] = set()
     tasks = []
     for index in range(n):
         family = usable[index % len(usable)]
-        for attempt in range(_MAX_ATTEMPTS):
-            rng = random.Random(f"t1-nested/{seed}/{split}/{index}/{attempt}")
-            draft = with_missing_directory(_draw_draft(family, split, rng), rng, exists=True,
-                                           creates=rng.random() < mkdir_share)
-            if draft is not None and draft.instruction not in seen:
-                break
-        else:
-            raise RuntimeError(f"no new nested {split} task of {family.name!r} after {_MAX_ATTEMPTS} draws")
-        seen.add(draft.instruction)
-        tasks.append(_task(Family(f"nested_{family.name}", family.area, lambda _rng: draft), split, draft,
-                           parts=[family.name]))
+
+        def draw(rng: random.Random) -> tuple[Draft | None, None]:
+            return with_missing_directory(_draw_draft(family, split, rng), rng, exists=True,
+                                          creates=rng.random() < mkdir_share), None
+
+        draft, _ = _new_draft(f"t1-nested/{seed}/{split}/{index}", draw, seen, f"nested {split} task of {family.name!r}")
+        tasks.append(_task(f"nested_{family.name}", family.area, split, draft, parts=[family.name]))
     return tasks
 
 
@@ -159,9 +148,7 @@ def generate_recovery(split: Split, n: int, seed: int = 0, families: Iterable[st
         return []
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    pool = [FAMILIES[name] for name in available_families(families)]
-    probe = random.Random("t1-recovery/eligible")
-    usable = [f for f in pool if with_missing_directory(f.draw(probe), probe) is not None]
+    usable = _writing_families(families)
     seen_side = [f for f in usable if recovery_split(f.name) == "train"]
     held_out = [f for f in usable if recovery_split(f.name) == "eval"]
     if not seen_side or (split == "eval" and not held_out):
@@ -171,17 +158,33 @@ def generate_recovery(split: Split, n: int, seed: int = 0, families: Iterable[st
     for index in range(n):
         side = seen_side if split == "train" or index % 2 == 0 else held_out
         family = side[(index // (1 if split == "train" else 2)) % len(side)]
-        for attempt in range(_MAX_ATTEMPTS):
-            rng = random.Random(f"t1-recovery/{seed}/{split}/{index}/{attempt}")
-            draft = with_missing_directory(_draw_draft(family, split, rng), rng)
-            if draft is not None and draft.instruction not in seen:
-                break
-        else:
-            raise RuntimeError(f"no new recovery {split} task of {family.name!r} after {_MAX_ATTEMPTS} draws")
-        seen.add(draft.instruction)
+
+        def draw(rng: random.Random) -> tuple[Draft | None, None]:
+            return with_missing_directory(_draw_draft(family, split, rng), rng), None
+
+        draft, _ = _new_draft(f"t1-recovery/{seed}/{split}/{index}", draw, seen,
+                              f"recovery {split} task of {family.name!r}")
         tag = f"recovery_{'seen' if recovery_split(family.name) == 'train' else 'heldout'}"
-        tasks.append(_task(Family(tag, "recovery", lambda _rng: draft), split, draft, parts=[family.name]))
+        tasks.append(_task(tag, "recovery", split, draft, parts=[family.name]))
     return tasks
+
+
+def _new_draft(key: str, draw, seen: set[str], what: str):
+    """``draw(rng) -> (draft or None, extra)`` with ``random.Random(f"{key}/{attempt}")`` until the draft is
+    one whose instruction ``seen`` lacks (then added to it); returns ``(draft, extra)``."""
+    for attempt in range(_MAX_ATTEMPTS):
+        draft, extra = draw(random.Random(f"{key}/{attempt}"))
+        if draft is not None and draft.instruction not in seen:
+            seen.add(draft.instruction)
+            return draft, extra
+    raise RuntimeError(f"no new {what} after {_MAX_ATTEMPTS} draws")
+
+
+def _writing_families(families: Iterable[str] | None) -> list[Family]:
+    """The available families whose oracle writes a new file: the ones with recovery tasks and nested twins."""
+    probe = random.Random("t1-recovery/eligible")
+    return [FAMILIES[name] for name in available_families(families)
+            if with_missing_directory(FAMILIES[name].draw(probe), probe) is not None]
 
 
 def _draw_draft(family: Family, split: Split, rng: random.Random) -> Draft:
@@ -193,18 +196,18 @@ def _draw_draft(family: Family, split: Split, rng: random.Random) -> Draft:
     raise RuntimeError(f"family {family.name!r}: no {split} draft after {_MAX_ATTEMPTS} draws")
 
 
-def _task(family: Family, split: Split, draft: Draft, parts: list[str] | None = None) -> Task:
+def _task(family: str, area: str, split: Split, draft: Draft, parts: list[str] | None = None) -> Task:
     tests = render_tests(draft.checks)
     files = {path: {"content": body, "mode": draft.modes.get(path, 0o644)} for path, body in draft.files.items()}
-    fingerprint = hashlib.sha256(repr((family.name, draft.instruction, sorted(files.items()), tests)).encode())
+    fingerprint = hashlib.sha256(repr((family, draft.instruction, sorted(files.items()), tests)).encode())
     return Task(
-        id=f"{family.name}-{fingerprint.hexdigest()[:12]}",
-        family=family.name,
+        id=f"{family}-{fingerprint.hexdigest()[:12]}",
+        family=family,
         split=split,
         instruction=draft.instruction,
         environment={"files": files, "env": draft.env},
         oracle={"script": "#!/bin/bash\nset -e\n" + "\n".join(draft.commands) + "\n", "commands": draft.commands},
         tests={"files": {TEST_FILE: tests}, "targets": [TEST_FILE]},
         source_format="synthetic",
-        metadata={"area": family.area, "checks": len(draft.checks), **({"parts": parts} if parts else {})},
+        metadata={"area": area, "checks": len(draft.checks), **({"parts": parts} if parts else {})},
     )
