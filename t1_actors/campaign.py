@@ -180,6 +180,70 @@ def check_warm_start_tasks(previous: Path, tasks) -> None:
                          f"{len(seen)} tasks it saw, or warm-start from a run with the same [tasks] section")
 
 
+# what decides an eval pass's draws besides the policy: equal in both runs, or their SFT passes differ
+_DRAW_KEYS = {"tasks": None, "eval": None, "sampler": ("temperature", "top_p"),
+              "campaign": ("max_turns", "max_new_tokens", "max_context", "tool_output_chars")}
+
+
+def check_warm_start_passes(previous: Path, config) -> None:
+    """``[eval] sft_passes = "warm_start"``: the previous run's log holds the SFT policy's whole protocol,
+    played on the same tasks with the same eval settings, so its passes are this run's SFT passes."""
+    from schemas import EvalResult
+    from storage import EventLog
+
+    from .skill_report import is_sft_label
+
+    where = f"[eval] sft_passes = 'warm_start' with warm_start_from = {str(previous)!r}"
+    try:
+        theirs = json.loads((previous / "config.resolved.json").read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{where}: cannot read its config ({error})") from None
+    from .config import section_model
+
+    for section, keys in _DRAW_KEYS.items():
+        try:
+            a = section_model(section).model_validate(theirs.get(section, {})).model_dump(mode="json")
+        except ValueError as error:
+            raise ValueError(f"{where}: its [{section}] no longer validates ({error})") from None
+        b = config.section(section).model_dump(mode="json")
+        for key in keys or sorted(set(a) | set(b)):
+            if (section, key) != ("eval", "sft_passes") and a.get(key) != b.get(key):
+                raise ValueError(f"{where}: its [{section}] {key} = {a.get(key)!r}, this run's = {b.get(key)!r}; "
+                                 "the SFT passes would not be the draws this run's RL passes pair with: make them "
+                                 "equal, or set [eval] sft_passes = 'run'")
+    if not log_path(previous).exists():
+        raise ValueError(f"{where}: it has no log ({log_path(previous)})")
+    results = [e for _, e in EventLog.open(log_path(previous)).events(kinds=["eval_result"])
+               if isinstance(e, EvalResult) and is_sft_label(e.label)]
+    if not any(e.last for e in results):
+        raise ValueError(f"{where}: its log holds {len(results)} SFT eval passes but not the protocol's last one; "
+                         "let that run finish its SFT evals, or set [eval] sft_passes = 'run'")
+
+
+def sft_passes_log(config):
+    """The log the SFT policy's eval passes are read from, when not this run's (``[eval] sft_passes``)."""
+    from storage import EventLog
+
+    if config.section("eval").sft_passes != "warm_start":
+        return None
+    return EventLog.open(log_path(Path(config.section("campaign").warm_start_from)))
+
+
+def code_version() -> dict[str, Any] | None:
+    """The commit the run's code came from (and whether the tree had changes): which code a figure is of."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None  # not a git checkout (an installed wheel)
+    return {"commit": commit, "dirty": bool(dirty)}
+
+
 def publish_initial_policy(run_dir: Path, policy) -> WeightsPublished:
     """Version 0 = the SFT checkpoint, published like any learner version (safetensors + sha256)."""
     from .backends.torch_learner import sha256_file
@@ -200,21 +264,21 @@ def write_summary(run_dir: Path, *, eval_before, eval_after, actors: list[str], 
     return summary
 
 
-def eval_change(log) -> dict[str, Any] | None:
+def eval_change(log, sft_log=None) -> dict[str, Any] | None:
     """The paired before/after comparison over the eval tasks (None until both evals are in the log).
 
     Eval trials carry the label of their pass (``before`` / ``after``); in logs written before labels
     existed they are told apart by the learner's version they were issued at (version 0 before, any later
-    one after)."""
-    from .eval_stats import eval_outcomes, first_attempts, labelled_attempts, paired_change
+    one after). ``sft_log``: the log the SFT policy's passes are read from (``[eval] sft_passes``)."""
+    from .eval_stats import eval_outcomes, first_attempts, paired_change
+    from .skill_report import EvalPasses
 
-    events = [e for _, e in log.events(kinds=["trial_issued", "verifier_result"])]
-    attempts = labelled_attempts(events)
+    attempts = EvalPasses.read(log, sft_log).attempts
     if "before" in attempts and "after" in attempts:
         return paired_change(first_attempts(attempts["before"]), first_attempts(attempts["after"])).as_dict()
-    if attempts:
+    if attempts or sft_log is not None:
         return None
-    by_version = eval_outcomes(events)
+    by_version = eval_outcomes(e for _, e in log.events(kinds=["trial_issued", "verifier_result"]))
     versions = sorted(by_version)
     if len(versions) < 2:
         return None
@@ -296,6 +360,8 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
                 f"and {len(tasks.eval)} eval tasks")
     if campaign.warm_start_from is not None:
         check_warm_start_tasks(Path(campaign.warm_start_from), tasks)
+        if config.section("eval").sft_passes == "warm_start":
+            check_warm_start_passes(Path(campaign.warm_start_from), config)
         tokenizer, policy, sft = reuse_warm_start(Path(campaign.warm_start_from), run_dir)
         config = _with_vocab(config, tokenizer.get_vocab_size())
         if policy.config != config.section("model"):
@@ -333,13 +399,14 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
 
 def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write_report=None) -> dict[str, Any]:
     """Phase 5: summary.json and the plots, both from the log alone."""
-    from schemas import EvalResult
     from storage import EventLog
 
-    from .skill_report import skill_report
+    from .skill_report import EvalPasses, skill_report
 
     log = EventLog.open(log_path(run_dir))
-    evals = {e.label: e for _, e in log.events(kinds=["eval_result"]) if isinstance(e, EvalResult)}
+    sft_log = sft_passes_log(config)
+    passes = EvalPasses.read(log, sft_log)
+    evals = passes.results
     counts = log.counts()
     roles = sorted({spec.role for spec in config.actors})
     report: dict[str, Any] = {}
@@ -350,11 +417,13 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
     ppo_cfg, staleness = config.section("ppo"), config.section("staleness")
     recipe = {"advantage_estimator": ppo_cfg.advantage_estimator, "group_size": staleness.group_size,
               "actor_params": list(ppo_cfg.actor_params), "reward": f"P / {ppo_cfg.reward_scale}"}
-    skill = skill_report(log, run_temperature=config.section("sampler").temperature, recipe=recipe)
+    skill = skill_report(passes, run_temperature=config.section("sampler").temperature, recipe=recipe)
     skill["kl_rl_sft"] = report.get("kl_rl_sft") if isinstance(report, dict) else None
     summary = write_summary(run_dir, eval_before=evals.get("before"), eval_after=evals.get("after"), actors=roles,
                             counts=counts, extra={"sft": sft, "timings_s": {k: round(v, 1) for k, v in timings.items()},
-                                                  "report": report, "eval_change": eval_change(log), **skill})
+                                                  "report": report, "eval_change": eval_change(log, sft_log), "code": code_version(),
+                                                  "sft_passes_from": config.section("campaign").warm_start_from
+                                                  if sft_log is not None else None, **skill})
     before, after, change = summary["eval_before"], summary["eval_after"], summary["eval_change"]
     if before and after:
         console.log(f"[bold]eval resolved: {before['resolved_rate']:.1%} -> {after['resolved_rate']:.1%} "

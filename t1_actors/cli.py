@@ -1,6 +1,7 @@
 """`t1-actor`: run one actor, launch a whole run under a supervisor, check a config, run one task.
 
     t1-actor launch --config run.toml [--host NAME]   every actor of this host, supervised
+    t1-actor launch --config run.toml --seeds N       N RL seeds from one SFT policy, and their table
     t1-actor <role> --config run.toml [--name NAME]   one actor (a cluster runs one per process/host)
     t1-actor check --config run.toml                  validate the config and every actor's class/options
     t1-actor run-task TASK_DIR [--oracle] [--json]    one task in a local sandbox, then its verifier
@@ -39,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--quick", action="store_true",
                         help="campaign configs: apply the [quick.*] overrides (the <= 5 min CI run)")
     launch.add_argument("--run-dir", default=None, help="where the run goes (overrides [run] dir)")
+    launch.add_argument("--seeds", type=int, default=None, metavar="N",
+                        help="campaign configs: N RL seeds one after another from one SFT policy (RUN_DIR/seed0 "
+                             "trains it), then RUN_DIR/seeds.md: how many beat SFT at its best temperature")
+    launch.add_argument("--base", default=None, metavar="RUN",
+                        help="with --seeds: start every seed from this finished run's SFT policy and SFT passes")
     check = sub.add_parser("check", help="validate the config and every actor's class and options")
     check.add_argument("--config", required=True)
     check.add_argument("--quick", action="store_true", help="check with the [quick.*] overrides applied")
@@ -110,6 +116,7 @@ def _is_campaign(path: str) -> bool:
 
 def _campaign(args) -> int:
     from .campaign import load_campaign_config, run_campaign
+    from .config import ConfigError
     from .runtime.logs import configure_logging
 
     config = load_campaign_config(args.config, quick=args.quick, run_dir=args.run_dir)
@@ -117,6 +124,23 @@ def _campaign(args) -> int:
     configure_logging(actor="campaign", role="campaign", run_id=config.run.id)
     from tools.report import write_report
 
+    if args.base is not None and args.seeds is None:
+        raise ConfigError("--base goes with --seeds N (the seeds start from that run's SFT policy); for one "
+                          "run from another's SFT policy set [campaign] warm_start_from")
+    if args.seeds is not None:
+        import json
+        from pathlib import Path
+
+        from .seeds import run_seeds
+
+        out = Path(args.run_dir) if args.run_dir else Path(str(config.run.dir) + "-seeds")
+        try:
+            table = run_seeds(config, seeds=args.seeds, out=out, base=Path(args.base) if args.base else None,
+                              write_report=write_report)
+        except (FileNotFoundError, FileExistsError, ValueError) as error:
+            raise ConfigError(str(error)) from None
+        print(json.dumps({k: table[k] for k in ("seeds", "beat_sft_best", "alpha")}))
+        return 0
     summary = run_campaign(config, write_report=write_report)
     return 0 if summary.get("eval_after") is not None else 1
 
@@ -126,6 +150,9 @@ def _launch(args) -> int:
         return _campaign(args)
     from .config import ConfigError
 
+    if args.seeds is not None or args.base is not None:
+        raise ConfigError(f"--seeds and --base need a campaign config (one with a [campaign] section); "
+                          f"{args.config} has none")
     if args.quick:
         raise ConfigError(f"--quick needs a campaign config (one with a [campaign] section); {args.config} has none")
     import trio

@@ -31,7 +31,14 @@ def check_actor_params(config) -> None:
                          "which trains the whole policy only; use backend = 'torch' or actor_params = ['*']")
 
 
-RULES = (check_temperatures, check_groups, check_actor_params)
+def check_sft_passes(config) -> None:
+    """SFT passes read from elsewhere need an elsewhere: the run the SFT policy itself comes from."""
+    if config.section("eval").sft_passes == "warm_start" and config.section("campaign").warm_start_from is None:
+        raise ValueError("[eval] sft_passes = 'warm_start' but [campaign] warm_start_from is not set; name the run "
+                         "whose SFT policy (and its eval passes) this run starts from, or set sft_passes = 'run'")
+
+
+RULES = (check_temperatures, check_groups, check_actor_params, check_sft_passes)
 
 
 def check_run(config) -> None:

@@ -20,6 +20,7 @@ statistics of the comparison live in ``eval_stats``.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -43,6 +44,10 @@ class EvalConfig(BaseModel):
     pass_k_tasks: int = Field(32, ge=0, description="eval tasks of the pass@k curve (recovery and composite "
                                                     "tasks first, in eval order); 0: no pass@k")
     pass_k_samples: int = Field(16, ge=1, description="attempts per pass@k task: pass@k for k = 1..this")
+    sft_passes: Literal["run", "warm_start"] = Field(
+        "run", description="where the SFT policy's passes come from: this run plays them ('run'), or they are "
+                           "read from the log of [campaign] warm_start_from ('warm_start': the same policy, tasks "
+                           "and eval seeds give the same draws, so RL seeds sharing one SFT pair against one pass)")
 
     @field_validator("temperatures")
     @classmethod

@@ -7,10 +7,14 @@ Keys, beside today's ``eval_before`` / ``eval_after`` / ``eval_change``:
 {"sft": {k: rate}, "rl": {k: rate}}, ``per_position`` (composite tasks: the share of attempts whose i-th
 requirement passes, at each policy's best temperature), ``turns`` (assistant turns per eval trial) and
 ``recipe``. A key whose passes are not in the log is None.
+
+With ``[eval] sft_passes = "warm_start"`` the SFT policy's passes are read from the warm-start run's log
+(``sft_log``) and everything else from this run's: ``EvalPasses`` is that union, one place.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from schemas import EvalResult
@@ -37,9 +41,36 @@ def best_label(evals: dict[str, EvalResult], policy: str) -> str | None:
     return None
 
 
-def skill_report(log, *, run_temperature: float, recipe: dict[str, Any]) -> dict[str, Any]:
-    evals = {e.label: e for _, e in log.events(kinds=["eval_result"]) if isinstance(e, EvalResult)}
-    attempts = labelled_attempts(e for _, e in log.events(kinds=["trial_issued", "verifier_result"]))
+def is_sft_label(name: str) -> bool:
+    """Whether an eval pass's label names a pass of the SFT policy (``sft_*`` or ``before``)."""
+    return name.startswith("sft_") or name == AT_RUN_TEMPERATURE["sft"]
+
+
+@dataclass(frozen=True)
+class EvalPasses:
+    """The eval passes of a run (label -> ``EvalResult``) and their attempts (label -> attempts)."""
+
+    results: dict[str, EvalResult]
+    attempts: dict[str, list]
+
+    @classmethod
+    def read(cls, log, sft_log=None) -> "EvalPasses":
+        """From ``log``; with ``sft_log``, the SFT policy's passes from there instead (none from ``log``)."""
+        def passes(source, keep) -> tuple[dict, dict]:
+            results = {e.label: e for _, e in source.events(kinds=["eval_result"])
+                       if isinstance(e, EvalResult) and keep(e.label)}
+            attempts = labelled_attempts(e for _, e in source.events(kinds=["trial_issued", "verifier_result"]))
+            return results, {name: a for name, a in attempts.items() if keep(name)}
+
+        if sft_log is None:
+            return cls(*passes(log, lambda name: True))
+        results, attempts = passes(log, lambda name: not is_sft_label(name))
+        sft_results, sft_attempts = passes(sft_log, is_sft_label)
+        return cls({**sft_results, **results}, {**sft_attempts, **attempts})
+
+
+def skill_report(passes: EvalPasses, *, run_temperature: float, recipe: dict[str, Any]) -> dict[str, Any]:
+    evals, attempts = passes.results, passes.attempts
     report: dict[str, Any] = {"recipe": recipe}
     best = {policy: best_label(evals, policy) for policy in POLICIES}
     for policy in POLICIES:

@@ -159,7 +159,8 @@ class StalenessActor(Actor):
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_versions)
-            await evaluate("sft")
+            if self.eval_config.sft_passes == "run":  # else they are the warm-start run's (summary reads them there)
+                await evaluate("sft")
             if self.campaign.warmup_trials and not await self._events("critic_warmup"):
                 self.logger.info("phase", phase="warmup", n=self.campaign.warmup_trials)
                 rng = random.Random(self.campaign.seed + 1)

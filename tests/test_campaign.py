@@ -217,7 +217,8 @@ def hostile_run(tmp_path_factory, plain_run):
         if spec["role"] == "sampler":
             spec["actor_class"] = "slow_sampler:SlowSampler"
     config = _micro_config(tmp, actors=actors, staleness={"batch_size": 4, "max_staleness": 0, "oversample": 1.0},
-                           campaign={"rl_seconds": 75, "rl_steps": 12, "warm_start_from": str(plain_run[2])})
+                           campaign={"rl_seconds": 75, "rl_steps": 12, "warm_start_from": str(plain_run[2])},
+                           eval={"sft_passes": "warm_start"})
     env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     process = _launch(config, run_dir, env)
     killed = None
@@ -283,3 +284,10 @@ def test_a_campaign_warm_started_from_another_reuses_its_tokenizer_and_sft_polic
                    if e.version == 0]
     [original] = [e for _, e in EventLog.open(source / "log").events(kinds=["weights_published"]) if e.version == 0]
     assert published.sha256 == original.sha256, "version 0 must be the source run's SFT policy, bit for bit"
+    # [eval] sft_passes = "warm_start": no SFT pass played here, the source's read and paired with this run's
+    labels = {e.label for _, e in EventLog.open(run_dir / "log").events(kinds=["eval_result"])}
+    assert labels and not any(name.startswith("sft_") or name == "before" for name in labels), labels
+    assert summary["sft_passes_from"] == str(source)
+    source_summary = json.loads((source / "summary.json").read_text())
+    assert summary["eval_sft_best"] == source_summary["eval_sft_best"] and summary["eval_before"] is not None
+    assert summary["eval_change_vs_sft_best"] is not None and summary["eval_change"] is not None

@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 from schemas import EvalResult, TrialIssued, VerifierResult
 from t1_actors.eval_stats import Attempt, pass_at_k, pass_at_k_curve, per_position_rates, part_of
 from t1_actors.evaluation import EvalConfig, best_temperature, evaluate_policy, pass_k_subset
-from t1_actors.skill_report import skill_report
+from t1_actors.skill_report import EvalPasses, skill_report
 
 from test_trials import _run, world  # noqa: F401  (the module-scoped engines fixture)
 
@@ -116,6 +116,34 @@ def _pass(label, temperature, outcomes, samples=1, last=False):
     return events
 
 
+def _protocol_events():
+    tasks = [f"t{i}" for i in range(6)]
+    sft = (_pass("sft_val_T0.5", 0.5, {t: [i < 3] for i, t in enumerate(tasks)})
+           + _pass("sft_val_T1", 1.0, {t: [i < 2] for i, t in enumerate(tasks)})
+           + _pass("before", None, {t: [i < 2] for i, t in enumerate(tasks)})
+           + _pass("sft_best", 0.5, {t: [i < 3] for i, t in enumerate(tasks)})
+           + _pass("sft_passk", 0.5, {t: [i < 3, False] for i, t in enumerate(tasks)}, samples=2, last=True))
+    rl = (_pass("rl_val_T1", 1.0, {t: [i < 5] for i, t in enumerate(tasks)})
+          + _pass("after", None, {t: [i < 5] for i, t in enumerate(tasks)})
+          + _pass("rl_passk", 1.0, {t: [i < 5, i < 4] for i, t in enumerate(tasks)}, samples=2, last=True))
+    return sft, rl
+
+
+def test_sft_passes_read_from_the_warm_start_log_give_the_same_report():
+    """[eval] sft_passes = 'warm_start': the SFT passes come from the other log, and only from there."""
+    from t1_actors.campaign import eval_change
+
+    sft, rl = _protocol_events()
+    recipe = {"advantage_estimator": "gae"}
+    one_log = skill_report(EvalPasses.read(_Log(sft + rl)), run_temperature=1.0, recipe=recipe)
+    # the RL run's own log holds a stray SFT pass (e.g. of another policy): it must not be read
+    stray = _pass("sft_best", 0.5, {f"t{i}": [True] for i in range(6)})
+    two_logs = skill_report(EvalPasses.read(_Log(stray + rl), _Log(sft + rl)), run_temperature=1.0, recipe=recipe)
+    assert two_logs == one_log and one_log["eval_change_vs_sft_best"]["gained"] == 2
+    assert eval_change(_Log(rl), _Log(sft)) == eval_change(_Log(sft + rl))
+    assert eval_change(_Log(rl), _Log([])) is None  # no SFT pass there: nothing to pair, no version fallback
+
+
 def test_skill_report_pairs_the_best_passes_and_fills_every_key():
     tasks = [f"t{i}" for i in range(6)]
     events = (_pass("sft_val_T0.5", 0.5, {t: [i < 3] for i, t in enumerate(tasks)})
@@ -126,7 +154,7 @@ def test_skill_report_pairs_the_best_passes_and_fills_every_key():
               + _pass("rl_val_T1", 1.0, {t: [i < 5] for i, t in enumerate(tasks)})
               + _pass("after", None, {t: [i < 5] for i, t in enumerate(tasks)})
               + _pass("rl_passk", 1.0, {t: [i < 5, i < 4] for i, t in enumerate(tasks)}, samples=2, last=True))
-    report = skill_report(_Log(events), run_temperature=1.0, recipe={"advantage_estimator": "gae"})
+    report = skill_report(EvalPasses.read(_Log(events)), run_temperature=1.0, recipe={"advantage_estimator": "gae"})
     assert report["eval_sft_best"]["temperature"] == 0.5 and report["eval_sft_best"]["label"] == "sft_best"
     assert report["eval_rl_best"]["temperature"] == 1.0 and report["eval_rl_best"]["label"] == "after"
     change = report["eval_change_vs_sft_best"]
@@ -145,3 +173,32 @@ def test_eval_change_pairs_the_labelled_before_and_after_passes():
               + _pass("after", None, {t: [0 < i < 4] for i, t in enumerate(tasks)}))
     change = eval_change(_Log(events))
     assert (change["tasks"], change["gained"], change["lost"]) == (5, 2, 1)
+
+
+def test_sft_passes_from_a_warm_start_are_refused_unless_the_draws_match(tmp_path):
+    """The SFT passes of another run pair with this run's only when tasks, eval and rollout settings match."""
+    import json
+    import re
+    from pathlib import Path
+
+    from t1_actors.campaign import check_warm_start_passes, load_campaign_config
+    from t1_actors.config import ConfigError
+
+    text = (Path(__file__).resolve().parent.parent / "configs" / "tiny.toml").read_text()
+    path = tmp_path / "run.toml"
+    path.write_text(re.sub(r"(?m)^\[eval\].*$", '[eval]\nsft_passes = "warm_start"', text))
+    with pytest.raises(ConfigError, match="warm_start_from is not set"):
+        load_campaign_config(path)
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    path.write_text(path.read_text().replace("[campaign]\n", f'[campaign]\nwarm_start_from = "{previous}"\n'))
+    config = load_campaign_config(path)
+    theirs = config.to_jsonable()
+    theirs["eval"]["temperatures"] = [0.5, 1.0]
+    (previous / "config.resolved.json").write_text(json.dumps(theirs))
+    with pytest.raises(ValueError, match=r"\[eval\] temperatures = \[0.5, 1.0\]"):
+        check_warm_start_passes(previous, config)
+    theirs["eval"] = config.to_jsonable()["eval"]
+    (previous / "config.resolved.json").write_text(json.dumps(theirs))
+    with pytest.raises(ValueError, match="has no log"):
+        check_warm_start_passes(previous, config)
