@@ -158,6 +158,13 @@ class EventLog:
             for (writer, seq), event in zip(batch, self._load_many(batch)):
                 yield f"{writer}:{seq}", event
 
+    def append_times(self, kinds: Iterable[str] | None = None) -> list[tuple[str, float]]:
+        """(event id, append time in Unix seconds) of every committed event (optionally only some kinds),
+        in merge order, without loading the events: where a run's wall time went, from the log alone."""
+        with self._lock:
+            self.refresh()
+            return [(f"{writer}:{seq}", ts) for ts, writer, seq in self._refs(kinds)]
+
     def fold(self, fn: Callable[[T, Event], T], init: T, kinds: Iterable[str] | None = None) -> T:
         """Rebuild state: ``fn(state, event)`` over every committed event in merge order."""
         return functools.reduce(lambda state, item: fn(state, item[1]), self.events(kinds), init)

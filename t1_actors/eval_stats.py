@@ -31,6 +31,8 @@ class PairedChange:
     mcnemar_p: float  # exact two-sided
     reward_delta: float  # mean over tasks of (after - before)
     reward_delta_ci95: tuple[float, float]
+    resolved_delta: float = 0.0  # (gained - lost) / tasks: the change of the resolved rate
+    resolved_delta_ci95: tuple[float, float] = (0.0, 0.0)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -57,14 +59,20 @@ def paired_change(before: dict[str, Outcome], after: dict[str, Outcome], z: floa
         raise ValueError("no task was evaluated both before and after; nothing to compare")
     gained = sum(not before[t].resolved and after[t].resolved for t in common)
     lost = sum(before[t].resolved and not after[t].resolved for t in common)
-    deltas = [after[t].reward - before[t].reward for t in common]
-    mean = sum(deltas) / len(deltas)
-    sd = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (len(deltas) - 1)) if len(deltas) > 1 else 0.0
-    half = z * sd / math.sqrt(len(deltas))
+    reward, reward_half = paired_mean_ci([after[t].reward - before[t].reward for t in common], z)
+    flips, flips_half = paired_mean_ci([float(after[t].resolved) - float(before[t].resolved) for t in common], z)
     return PairedChange(tasks=len(common), resolved_before=sum(before[t].resolved for t in common),
                         resolved_after=sum(after[t].resolved for t in common), gained=gained, lost=lost,
-                        mcnemar_p=mcnemar_exact_p(gained, lost), reward_delta=mean,
-                        reward_delta_ci95=(mean - half, mean + half))
+                        mcnemar_p=mcnemar_exact_p(gained, lost), reward_delta=reward,
+                        reward_delta_ci95=(reward - reward_half, reward + reward_half), resolved_delta=flips,
+                        resolved_delta_ci95=(flips - flips_half, flips + flips_half))
+
+
+def paired_mean_ci(deltas: list[float], z: float = 1.96) -> tuple[float, float]:
+    """Mean of per-task differences and its normal-theory half-width: mean +- z * sd / sqrt(n)."""
+    mean = sum(deltas) / len(deltas)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (len(deltas) - 1)) if len(deltas) > 1 else 0.0
+    return mean, z * sd / math.sqrt(len(deltas))
 
 
 def eval_outcomes(events: Iterable) -> dict[int, dict[str, Outcome]]:

@@ -291,3 +291,25 @@ def test_a_campaign_warm_started_from_another_reuses_its_tokenizer_and_sft_polic
     source_summary = json.loads((source / "summary.json").read_text())
     assert summary["eval_sft_best"] == source_summary["eval_sft_best"] and summary["eval_before"] is not None
     assert summary["eval_change_vs_sft_best"] is not None and summary["eval_change"] is not None
+
+
+def test_seeds_run_from_one_sft_policy_write_their_table_and_resume(plain_run, tmp_path):
+    """`t1-actor launch --seeds N --base RUN`: each seed's RL from the base's SFT policy, paired against the
+    base's SFT passes; the table has a row per seed; a second launch runs nothing and writes the same table."""
+    source = plain_run[2]
+    config = _micro_config(tmp_path, campaign={"rl_seconds": 40, "rl_steps": 3})
+    out = tmp_path / "seeds"
+    command = [sys.executable, "-m", "t1_actors.cli", "launch", "--config", str(config), "--quick", "--seeds", "1",
+               "--base", str(source), "--run-dir", str(out)]
+    first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert json.loads(first.stdout.strip().splitlines()[-1])["seeds"] == 1
+    table = json.loads((out / "seeds.json").read_text())
+    [row] = table["rows"]
+    summary = json.loads((out / "seed0" / "summary.json").read_text())
+    assert row["seed"] == 0 and row["sft_passes_from"] == str(source) and summary["sft_passes_from"] == str(source)
+    assert row["gained"] == summary["eval_change_vs_sft_best"]["gained"] and "missing" not in row
+    assert row["beats_sft_best"] == (row["gained"] > row["lost"] and row["mcnemar_p"] < 0.05)
+    assert (out / "seeds.md").read_text().count("\n") == 3  # header, rule, one row
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and json.loads((out / "seeds.json").read_text()) == table

@@ -57,6 +57,14 @@ def test_probe_steps_on_policy_and_pairs_the_evals(run, capsys):
         assert step["logprob_gap"] <= probe.ON_POLICY_GAP  # same fp32 weights on both sides
     [final] = report["evals"]
     assert final["step"] == 2 and final["tasks"] == 4
+    # the campaign's protocol on both policies: best T from the validation grid, paired on the eval split
+    grid = [0.5, 1.0]  # configs/tiny.toml [quick.eval]
+    assert report["sft_best_T"] in grid and report["rl_best_T"] in grid
+    vs = report["vs_sft_best"]
+    assert (vs["sft_T"], vs["rl_T"], vs["tasks"]) == (report["sft_best_T"], report["rl_best_T"], 4)
+    low, high = vs["resolved_delta_ci95"]
+    assert low <= vs["resolved_delta"] == (vs["gained"] - vs["lost"]) / 4 <= high
+    assert report["critic_warmup"]["trajectories"] >= 1  # GAE: the critic warmed up as the campaign's is
     assert report["actor_params"] == ["*norm*"] and report["trained_tensors"] == 2 * 4 + 1
 
 

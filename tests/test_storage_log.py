@@ -53,6 +53,24 @@ def test_round_trip_is_bit_exact_across_commits_and_chunks(log):
     assert sum(log.verify()["w"].values()) > 10  # many tiny chunks, every one checked
 
 
+def test_append_times_follow_the_merge_order_of_events(log):
+    import time
+
+    before = time.time()
+    with log.writer("a", **ROUTING) as a, log.writer("b", **ROUTING) as b:
+        for seq in range(6):
+            (a if seq % 2 else b).append(mixed_event(seq))
+            a.commit()
+            b.commit()
+    times = log.append_times()
+    assert [event_id for event_id, _ in times] == [event_id for event_id, _ in log.events()]
+    stamps = [ts for _, ts in times]
+    assert stamps == sorted(stamps) and before <= stamps[0] <= stamps[-1] <= time.time()
+    kinds = {mixed_event(seq).kind for seq in range(6)}
+    one = sorted(kinds)[0]
+    assert [i for i, _ in log.append_times(kinds=[one])] == [i for i, _ in log.events(kinds=[one])]
+
+
 @settings(max_examples=25, deadline=None)
 @given(plan=st.lists(st.tuples(st.integers(0, 400), st.booleans()), min_size=1, max_size=25))
 def test_any_append_commit_pattern_replays_exactly(plan):

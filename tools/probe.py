@@ -1,21 +1,30 @@
-"""`t1-probe`: synchronous on-policy RL from a run's checkpoint, in one process.
+"""`t1-probe`: synchronous on-policy RL from a run's checkpoint, in one process: the campaign's twin.
 
-    t1-probe RUN [--ckpt weights/v00000] [--steps 25] [--tasks 16] [--group 4] [--eval-tasks 320]
-                 [--eval-every N] [--set SECTION.KEY=VALUE ...] [--seed 0] [--json]
+    t1-probe RUN [--ckpt weights/v00000] [--steps N] [--tasks N] [--group N] [--eval-tasks 320]
+                 [--eval-every N] [--set SECTION.KEY=VALUE ...] [--seed S] [--json]
 
-What one PPO update does, apart from asynchrony, transport and staleness: each step samples `--tasks`
-fresh RL tasks (the run's `[tasks] rl_size` carve-out, else its train split) `--group` times each with the
-current weights, verifies them, takes one PPO step with the run's `[ppo]` settings (`--set ppo.actor_lr=1e-3`
-changes one) and loads the new weights into the sampler. The eval split is played before, after and every
-`--eval-every` steps with common random numbers (`trials.eval_seed`), so the paired change (gained / lost,
-exact McNemar p) counts flips caused by the updates, not by the draws.
+What the campaign's PPO does, apart from asynchrony, transport and staleness: the critic's warm-up on the
+campaign's warm-up tasks (``[campaign] warmup_trials``, GAE only), then each step samples ``--tasks`` RL tasks
+``--group`` times each with the current weights, in the campaign's RL order for ``--seed``, verifies them,
+takes one PPO step with the run's ``[ppo]`` settings (``--set ppo.actor_lr=1e-3`` changes one) and loads the
+new weights into the sampler. Defaults come from the run: ``[campaign] rl_steps`` steps of ``[staleness]
+batch_size`` trials (``batch_size / group_size`` tasks x ``group_size``), ``[campaign] seed``: the same number
+of updates on the same tasks as the run's asynchronous campaign.
+
+The SFT and the final policy go through the campaign's eval protocol (``t1_actors.evaluation``, without
+pass@k): the best temperature on the validation split, then the eval split there, every pass seeded by
+``trials.eval_seed`` (common random numbers), so ``vs_sft_best`` (gained / lost, McNemar p, the resolved
+change with its 95 % CI) is the figure the campaign's ``eval_change_vs_sft_best`` is compared with
+(bench/sync_async.py). ``--eval-every N`` adds passes at the SFT's best temperature.
+``logged_sft_agreement``: on how many tasks the probe's SFT pass matches the run's logged one (same seeds:
+all of them, unless batching changes a draw).
 
 On-policy check: sampler and learner hold the same fp32 weights, so the learner's first forward of each
 step (before any update) must reproduce the sampler's logprobs: a mean |logprob gap| above 1e-5 is
 flagged, exit 1 (something between sampling and training disagrees: TITO contexts, routing replay,
 temperature). Unlike approx KL, the gap is taken before the step's first update, so it holds for any
 ``epochs`` / ``minibatches``. This probe found the TITO
-repair flaw, the memorised-task effect and the norm-gain recipe (README, "Measured").
+repair flaw, the memorised-task effect and the norm-gain recipe (docs/campaign-history.md).
 """
 
 from __future__ import annotations
@@ -40,15 +49,18 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", help="a run directory (config.resolved.json, tokenizer.json, weights/)")
     parser.add_argument("--ckpt", default="weights/v00000", help="policy directory inside RUN (default: the SFT policy)")
-    parser.add_argument("--steps", type=int, default=25)
-    parser.add_argument("--tasks", type=int, default=16, help="RL tasks per step")
-    parser.add_argument("--group", type=int, default=4, help="attempts per task (the rloo group)")
+    parser.add_argument("--steps", type=int, default=None, help="PPO steps (default: the run's [campaign] rl_steps)")
+    parser.add_argument("--tasks", type=int, default=None,
+                        help="RL tasks per step (default: [staleness] batch_size / group_size)")
+    parser.add_argument("--group", type=int, default=None,
+                        help="attempts per task (default: [staleness] group_size; rloo's group)")
     parser.add_argument("--eval-tasks", type=int, default=320, help="first N tasks of the eval split (0: no eval)")
     parser.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override the run's config, VALUE as JSON (e.g. ppo.actor_lr=1e-3, "
                              "'ppo.actor_params=[\"*\"]'); repeatable")
-    parser.add_argument("--seed", type=int, default=0, help="order of the RL tasks")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the campaign seed whose warm-up and RL task order to follow (default: the run's)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--json", action="store_true")
     return parser
@@ -133,6 +145,23 @@ class Probe:
         return {o.task_id: Outcome(o.resolved, o.result.reward) for o in outcomes
                 if o.result is not None and o.result.infra_error is None}
 
+    async def warm_up_critic(self, runner, task_ids: list[str]) -> dict:
+        """The campaign's critic warm-up: the SFT policy plays ``task_ids`` once each, the critic fits their
+        returns in batches of ``[critic] warmup_batch`` (as the critic actor does) before any PPO step."""
+        from t1_actors import tito
+        from t1_actors.backends.torch_learner import collate
+        from t1_actors.trials import play_all
+
+        outcomes = await play_all(runner, task_ids, "warmup", assemble=True,
+                                  concurrency=self.campaign.eval_concurrency)
+        trajectories = [tito.to_event(c, trial_id=o.trial_id, task_id=o.task_id) for o in outcomes for c in o.chunks]
+        size, model = self.config.section("critic").warmup_batch, self.learner.policy.config
+        batches = [collate(trajectories[i:i + size], None, num_layers=model.num_layers, top_k=model.top_k,
+                           require_routing=False) for i in range(0, len(trajectories), size)]
+        report = self.learner.critic.warmup(batches)
+        return {"trajectories": report.trajectories, "ev_before": report.explained_variance_before,
+                "ev_after": report.explained_variance_after}
+
     async def step(self, runner, task_ids: list[str], group: int, weights_dir: Path, sampler) -> dict:
         """Sample, verify, one PPO step, reload the sampler: the step's figures."""
         import numpy as np
@@ -165,47 +194,126 @@ class Probe:
                 "sample_s": round(sampled - started, 2), "learn_s": round(time.monotonic() - sampled, 2)}
 
 
+class _Events:
+    """The in-process ports' events read like a log (``EvalPasses.read``)."""
+
+    def __init__(self, events: list):
+        self._events = events
+
+    def events(self, kinds):
+        return ((i, e) for i, e in enumerate(self._events) if e.kind in kinds)
+
+
+def logged_sft_best(run: Path):
+    """The run's own SFT pass at its best temperature (label -> task -> Outcome), when its log has one."""
+    from t1_actors.campaign import log_path
+    from t1_actors.eval_stats import first_attempts
+    from t1_actors.skill_report import EvalPasses, best_label
+
+    if not log_path(run).exists():
+        return None, None
+    from storage import EventLog
+
+    passes = EvalPasses.read(EventLog.open(log_path(run)))
+    name = best_label(passes.results, "sft")
+    return (name, first_attempts(passes.attempts[name])) if name in passes.attempts else (None, None)
+
+
 async def run_probe(args, run: Path, config, show) -> dict:
     from t1_actors.backends.sampler_backend import SamplerConfig
     from t1_actors.backends.torch_sampler import TorchSampler
-    from t1_actors.eval_stats import paired_change
+    from t1_actors.eval_stats import first_attempts, paired_change
+    from t1_actors.evaluation import evaluate_policy
+    from t1_actors.skill_report import EvalPasses, best_label
 
     probe = Probe(run, config, args.ckpt, args.threads)
-    pool = list(probe.tasks.rl)
-    random.Random(args.seed).shuffle(pool)
+    campaign = config.section("campaign")
+    rl_ids = [t.id for t in probe.tasks.rl]
+    order = random.Random(args.seed + 2).sample(rl_ids, len(rl_ids))  # the campaign's RL order for this seed
+    warm_ids = random.Random(args.seed + 1).sample(rl_ids, min(campaign.warmup_trials, len(rl_ids)))
     eval_ids = [t.id for t in probe.tasks.eval[: args.eval_tasks]]
+    validation_ids = [t.id for t in probe.tasks.validation] if eval_ids else []
+    run_temperature = config.section("sampler").temperature
     report: dict = {"run": str(run), "ckpt": args.ckpt, "actor_params": list(probe.ppo.actor_params),
-                    "trained_tensors": len(probe.learner.trained_params), "steps": [], "evals": []}
+                    "trained_tensors": len(probe.learner.trained_params), "steps": [], "evals": [],
+                    "tasks_per_step": args.tasks, "group": args.group, "seed": args.seed}
     try:
         async with TorchSampler.open(probe.sampler_policy, config=SamplerConfig(max_batch=64)) as sampler:
             runner = probe.runner(sampler)
-            before = await probe.evaluate(runner, eval_ids) if eval_ids else None
+            events = runner.ports.events
+            done: dict = {}
+
+            async def protocol(policy: str) -> float:
+                return await evaluate_policy(runner, policy, validation_ids=validation_ids, eval_ids=eval_ids,
+                                             pass_k_ids=[], config=config.section("eval"),
+                                             run_temperature=run_temperature,
+                                             concurrency=campaign.eval_concurrency, done=done,
+                                             on_pass=lambda name: _shown(show, f"eval {name}"))
+
+            def attempts_of(name: str) -> dict:
+                return first_attempts(EvalPasses.read(_Events(events)).attempts[name])
+
+            sft_best = None
+            if eval_ids:
+                report["sft_best_T"] = await protocol("sft")
+                sft_best = attempts_of(best_label(done, "sft"))
+                show(f"SFT at its best T = {report['sft_best_T']:g}: {sum(o.resolved for o in sft_best.values())}/"
+                     f"{len(sft_best)} resolved")
+                name, logged = logged_sft_best(run)
+                if logged is not None and done.get(name) is not None:
+                    common = sorted(set(logged) & set(sft_best))
+                    report["logged_sft_agreement"] = {
+                        "label": name, "tasks": len(common),
+                        "same_outcome": sum(logged[t].resolved == sft_best[t].resolved for t in common)}
 
             async def evaluate(step: int) -> None:
-                outcomes = await probe.evaluate(runner, eval_ids)
-                change = paired_change(before, outcomes).as_dict()
-                report["evals"].append({"step": step, **change})
-                show(f"eval after {step} steps: {change['resolved_after']}/{change['tasks']} resolved (before "
-                     f"{change['resolved_before']}); gained {change['gained']}, lost {change['lost']}, "
-                     f"McNemar p = {change['mcnemar_p']:.3g}")
+                label = f"probe_step{step}"
+                await run_eval_at(runner, eval_ids, label, report["sft_best_T"], campaign.eval_concurrency)
+                change = paired_change(sft_best, attempts_of(label)).as_dict()
+                report["evals"].append({"step": step, "temperature": report["sft_best_T"], **change})
+                show(f"eval after {step} steps at T = {report['sft_best_T']:g}: {change['resolved_after']}/"
+                     f"{change['tasks']} resolved (SFT {change['resolved_before']}); gained {change['gained']}, "
+                     f"lost {change['lost']}, McNemar p = {change['mcnemar_p']:.3g}")
 
-            if before is not None:
-                show(f"eval before: {sum(o.resolved for o in before.values())}/{len(before)} resolved")
+            if probe.learner.critic is not None and warm_ids:
+                report["critic_warmup"] = await probe.warm_up_critic(runner, warm_ids)
+                show(f"critic warm-up: EV {report['critic_warmup']['ev_before']:.2f} -> "
+                     f"{report['critic_warmup']['ev_after']:.2f} on {report['critic_warmup']['trajectories']}")
             with tempfile.TemporaryDirectory(prefix="t1-probe-") as weights_dir:
                 for step in range(args.steps):
-                    chosen = [pool[(step * args.tasks + i) % len(pool)].id for i in range(args.tasks)]
+                    chosen = [order[(step * args.tasks + i) % len(order)] for i in range(args.tasks)]
                     figures = await probe.step(runner, chosen, args.group, Path(weights_dir), sampler)
                     report["steps"].append({"step": step, **figures})
                     show(f"step {step:3d}  reward {figures['reward']:.3f}  resolved {figures['resolved']:.3f}  "
                          f"entropy {figures['entropy']:.4f}  logprob gap {figures['logprob_gap']:.1e}"
                          f"{'' if figures['on_policy'] else '  OFF-POLICY'}  {figures['sample_s']}+{figures['learn_s']} s")
-                    last = step + 1 == args.steps
-                    if before is not None and (last or (args.eval_every and (step + 1) % args.eval_every == 0)):
+                    if eval_ids and args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
                         await evaluate(step + 1)
+            if eval_ids:  # the RL policy under the same protocol: its best T on validation, the eval split there
+                report["rl_best_T"] = await protocol("rl")
+                change = paired_change(sft_best, attempts_of(best_label(done, "rl"))).as_dict()
+                report["vs_sft_best"] = {"step": args.steps, "sft_T": report["sft_best_T"],
+                                         "rl_T": report["rl_best_T"], **change}
+                report["evals"].append({"step": args.steps, "temperature": report["rl_best_T"], **change})
+                show(f"RL at its best T = {report['rl_best_T']:g} vs SFT at its best T = {report['sft_best_T']:g}: "
+                     f"{change['resolved_before']} -> {change['resolved_after']}/{change['tasks']}; gained "
+                     f"{change['gained']}, lost {change['lost']}, McNemar p = {change['mcnemar_p']:.3g}")
     finally:
         probe.close()
     report["off_policy_steps"] = [s["step"] for s in report["steps"] if not s["on_policy"]]
+    report["steps_per_minute"] = round(60 * len(report["steps"]) / max(
+        sum(s["sample_s"] + s["learn_s"] for s in report["steps"]), 1e-9), 2)
     return report
+
+
+async def _shown(show, line: str) -> None:
+    show(line)
+
+
+async def run_eval_at(runner, task_ids: list[str], label: str, temperature: float, concurrency: int) -> None:
+    from t1_actors.trials import run_eval
+
+    await run_eval(runner, task_ids, label=label, concurrency=concurrency, temperature=temperature)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,13 +322,18 @@ def main(argv: list[str] | None = None) -> int:
     from t1_actors.config import ConfigError
 
     args = _parser().parse_args(argv)
-    if args.steps < 1 or args.tasks < 1 or args.group < 1 or args.eval_tasks < 0:
-        return fail("--steps, --tasks and --group must be >= 1 and --eval-tasks >= 0")
     run = Path(args.run)
     out = console()
     show = (lambda line: None) if args.json else out.print
     try:
         config = probe_config(run, args.set)
+        campaign, staleness = config.section("campaign"), config.section("staleness")
+        args.group = staleness.group_size if args.group is None else args.group
+        args.tasks = max(1, staleness.batch_size // args.group) if args.tasks is None else args.tasks
+        args.steps = (campaign.rl_steps or 25) if args.steps is None else args.steps
+        args.seed = campaign.seed if args.seed is None else args.seed
+        if args.steps < 1 or args.tasks < 1 or args.group < 1 or args.eval_tasks < 0:
+            return fail("--steps, --tasks and --group must be >= 1 and --eval-tasks >= 0")
         report = trio.run(run_probe, args, run, config, show)
     except (ConfigError, FileNotFoundError, ValueError) as error:
         return fail(str(error))
