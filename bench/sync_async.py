@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("seeds_dir", nargs="?", default="runs/seeds")
     parser.add_argument("--probe-seeds", type=int, default=1, help="probe runs (campaign seeds 0..N-1's task order)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--probe-report", action="append", default=[], metavar="JSON",
+                        help="a `t1-probe BASE --json` report of the same base and schedule, instead of running "
+                             "the probe here (repeatable: one per probe seed)")
     args = parser.parse_args(argv)
     seeds_dir = Path(args.seeds_dir)
     table_path = seeds_dir / "seeds.json"
@@ -61,8 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(bases.pop())
     config = probe_config(base, [])
 
-    probes = []
-    for seed in range(args.probe_seeds):
+    probes = [json.loads(Path(p).read_text().strip().splitlines()[-1]) for p in args.probe_report]
+    for report in probes:
+        if Path(report["run"]).resolve() != base.resolve() or len(report["steps"]) != config.section("campaign").rl_steps:
+            print(json.dumps({"error": f"--probe-report of {report['run']} with {len(report['steps'])} steps is not "
+                                       f"the probe of {base} at its campaign's {config.section('campaign').rl_steps} steps"}))
+            return 2
+    for seed in range(len(probes), args.probe_seeds if not probes else len(probes)):
         probe_args = argparse.Namespace(ckpt="weights/v00000", steps=config.section("campaign").rl_steps,
                                         tasks=config.section("staleness").batch_size
                                         // config.section("staleness").group_size,
