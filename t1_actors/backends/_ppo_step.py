@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.distributed as dist
@@ -151,6 +151,24 @@ def minibatch_plan(batch_size: int, cfg: ppo.PPOConfig, seed: int) -> list[tuple
     return plan
 
 
+@dataclass
+class TokenSums:
+    """The step's per-token metrics as sums over this rank's loss tokens (``reduced`` sums them over
+    data-parallel ranks): clip fraction, approx KL and entropy, each weighted by a minibatch's loss tokens
+    (``tokens``); the |sampler - learner| logprob gap over the tokens it was measured on (``gap_tokens``)."""
+
+    clip: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    tokens: float = 0.0
+    gap: float = 0.0
+    gap_tokens: float = 0.0
+
+    def reduced(self, group) -> "TokenSums":
+        values = torch.tensor([getattr(self, f.name) for f in fields(self)], dtype=torch.float64)
+        return TokenSums(*all_reduce_sum(values, group).tolist())
+
+
 def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, *,
                  critic: Trainable | None = None, replay: bool = True, fidelity: bool = True,
                  seed: int = 0, group=None) -> dict[str, float]:
@@ -175,20 +193,19 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
         advantages = ppo.whiten(advantages, mask)
     old_values = batch.old_values[:, 1:]
     sampler_logprobs = batch.sampler_logprobs[:, 1:]
-    # sums over loss tokens, reduced over ranks at the end: clip, kl, entropy, gap, tokens, gap tokens
-    sums = torch.zeros(6, dtype=torch.float64)
+    sums = TokenSums()
     if cfg.old_logprobs == "recompute":
         with torch.no_grad():
             old_logprobs = ppo.token_logprobs(policy.forward(batch.inputs, routing, False)[0], batch.targets,
                                               cfg.temperature)
-        sums[3] += float(logprob_gap_sum(old_logprobs, sampler_logprobs, mask))
-        sums[5] += float(mask.sum())
+        sums.gap += float(logprob_gap_sum(old_logprobs, sampler_logprobs, mask))
+        sums.gap_tokens += float(mask.sum())
     else:
         old_logprobs = sampler_logprobs
 
     no_replay = fidelity_without_replay(policy.forward, batch, cfg.temperature) if fidelity and replay else None
 
-    losses = torch.zeros(2, dtype=torch.float64)  # policy, value: each already divided by the global count
+    policy_loss = value_loss = 0.0  # summed over updates, each already divided by the global token count
     grad_norms = []
     plan = minibatch_plan(len(batch), cfg, seed)
     for update, (epoch, rows) in enumerate(plan):
@@ -212,31 +229,34 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
                 ent = ppo.entropy(logits.detach(), mb_mask, cfg.temperature)
         with torch.no_grad():
             kl = ppo.approx_kl(logprobs.detach(), old_logprobs[rows], mb_mask)
-            sums[0:3] += torch.tensor([float(clip_fraction), float(kl), float(ent)], dtype=torch.float64) * count
-            sums[4] += count
+            sums.clip += float(clip_fraction) * count
+            sums.kl += float(kl) * count
+            sums.entropy += float(ent) * count
+            sums.tokens += count
             if update == 0 and cfg.old_logprobs == "sampler":  # the only forward before any update
-                sums[3] += float(logprob_gap_sum(logprobs, sampler_logprobs[rows], mb_mask))
-                sums[5] += count
-        losses[0] += float(loss.detach())
+                sums.gap += float(logprob_gap_sum(logprobs, sampler_logprobs[rows], mb_mask))
+                sums.gap_tokens += count
+        policy_loss += float(loss.detach())
         grad_norms.append(optimizer_step(policy, loss, cfg.max_grad_norm, group))
         if critic is not None:
             values = critic.forward(batch.inputs[rows])
             v_loss = ppo.clipped_value_loss(values, old_values[rows], returns[rows], mb_mask,
                                             cfg.value_clip_eps, normalizer)
-            losses[1] += float(v_loss.detach())
+            value_loss += float(v_loss.detach())
             optimizer_step(critic, v_loss, cfg.max_grad_norm, group)
 
-    sums = all_reduce_sum(sums, group)
-    losses = all_reduce_sum(losses, group) / len(plan)
+    sums = sums.reduced(group)
+    policy_loss, value_loss = (all_reduce_sum(torch.tensor([policy_loss, value_loss], dtype=torch.float64), group)
+                               / len(plan)).tolist()
     tokens = all_reduce_sum(torch.tensor([float(batch.num_tokens), float(batch.action_mask.sum()),
                                           float(batch.rewards.sum()), float(len(batch))], dtype=torch.float64), group)
     elapsed = time.perf_counter() - started
     metrics = {
-        "policy_loss": float(losses[0]),
-        "clip_fraction": float(sums[0] / sums[4].clamp(min=1)),
-        "approx_kl": float(sums[1] / sums[4].clamp(min=1)),
-        "entropy": float(sums[2] / sums[4].clamp(min=1)),
-        ("logprob_gap_r3" if replay else "logprob_gap_no_r3"): float(sums[3] / sums[5].clamp(min=1)),
+        "policy_loss": policy_loss,
+        "clip_fraction": sums.clip / max(sums.tokens, 1.0),
+        "approx_kl": sums.kl / max(sums.tokens, 1.0),
+        "entropy": sums.entropy / max(sums.tokens, 1.0),
+        ("logprob_gap_r3" if replay else "logprob_gap_no_r3"): sums.gap / max(sums.gap_tokens, 1.0),
         "explained_variance": _explained_variance(old_values, returns, mask, group),
         "grad_norm": sum(grad_norms) / len(grad_norms),
         "reward_mean": float(tokens[2] / tokens[3]),
@@ -247,7 +267,7 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
         "r3": float(replay),
     }
     if critic is not None:
-        metrics["value_loss"] = float(losses[1])
+        metrics["value_loss"] = value_loss
     if no_replay is not None:
         no_replay = all_reduce_sum(no_replay, group)
         metrics["logprob_gap_no_r3"] = float(no_replay[0] / no_replay[1].clamp(min=1))
