@@ -73,16 +73,7 @@ class CampaignConfig(BaseModel):
 
 # ---------------------------------------------------------------------------------------------- paths
 
-def tokenizer_path(run_dir: Path) -> Path:
-    return run_dir / "tokenizer.json"
-
-
-def weights_dir(run_dir: Path, version: int) -> Path:
-    return run_dir / "weights" / f"v{version:05d}"
-
-
-def log_path(run_dir: Path) -> Path:
-    return run_dir / "log"
+from .layout import log_path, tokenizer_path, weights_dir  # noqa: E402  (the run's paths, defined once)
 
 
 # ---------------------------------------------------------------------------------------------- phases
@@ -246,7 +237,7 @@ def code_version() -> dict[str, Any] | None:
 
 def publish_initial_policy(run_dir: Path, policy) -> WeightsPublished:
     """Version 0 = the SFT checkpoint, published like any learner version (safetensors + sha256)."""
-    from .backends.torch_learner import sha256_file
+    from .layout import sha256_file
 
     directory = weights_dir(run_dir, 0)
     policy.save(directory)

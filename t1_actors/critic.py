@@ -35,6 +35,7 @@ from .policy import ModelConfig, MoEPolicy
 from .policy.value import ValueModel
 from .ppo import PPOConfig
 from .runtime.actor import Actor, handles
+from .layout import checkpoints_dir, log_path
 
 
 
@@ -67,8 +68,8 @@ class CriticActor(Actor):
         self.model_config: ModelConfig = self.config.section("model")
         torch.set_num_threads(self.critic_config.threads)
         run_dir = Path(self.ctx.run_dir)
-        self.event_log = EventLog.open(run_dir / "log", create=True)
-        self.checkpoint_path = run_dir / "checkpoints" / f"{self.name}.pt"
+        self.event_log = EventLog.open(log_path(run_dir), create=True)
+        self.checkpoint_path = checkpoints_dir(run_dir) / f"{self.name}.pt"
         self.engine: TorchCritic | None = None
         self.position: dict[str, int] | None = None
         self.warmed = self.critic_config.warmup_trajectories == 0

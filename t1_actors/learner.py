@@ -36,6 +36,7 @@ from .policy import ModelConfig, MoEPolicy
 from .ppo import PPOConfig
 from .runtime.actor import Actor
 from .runtime.errors import NoSuchPeer
+from .layout import checkpoints_dir, log_path
 
 
 
@@ -78,9 +79,9 @@ class LearnerActor(Actor):
         size = self.learner_config.batch_size
         self.batch_size = size if size is not None else self.config.section("staleness").batch_size
         run_dir = Path(self.ctx.run_dir)
-        self.event_log = EventLog.open(run_dir / "log", create=True)
+        self.event_log = EventLog.open(log_path(run_dir), create=True)
         self.weights_root = run_dir / "weights"
-        self.checkpoint_path = run_dir / "checkpoints" / f"{self.name}.pt"
+        self.checkpoint_path = checkpoints_dir(run_dir) / f"{self.name}.pt"
         self.pending: list[str] = []
         self.ready: dict[str, tuple[list, dict]] = {}  # pending trials with every chunk valued
         self.changed: set[str] = set()  # pending trials with news since their last look

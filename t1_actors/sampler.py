@@ -14,7 +14,6 @@ top-p, dtype, batching) and ``[model]``; options of the ``[[actors]]`` entry: ``
 
 from __future__ import annotations
 
-import hashlib
 import math
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from schemas import Ack, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn
 
 from .backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend
+from .layout import sha256_file
 from .policy import ModelConfig, MoEPolicy
 from .policy.sampling import Generation, SamplingParams
 from .runtime.actor import Actor, handles
@@ -44,12 +44,6 @@ class SamplerOptions(BaseModel):
     ready_timeout_s: float = Field(300.0, gt=0)  # how long a request waits for the backend to come up
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class SamplerActor(Actor):
@@ -143,7 +137,7 @@ class SamplerActor(Actor):
             return Ack(detail=f"already at version {backend.version}")
         if self.sampler_config.backend == "torch":  # a remote SGLang host checks its own disk
             weights = Path(update.location) / "model.safetensors"
-            digest = await trio.to_thread.run_sync(_sha256, weights)
+            digest = await trio.to_thread.run_sync(sha256_file, weights)
             if update.sha256 and digest != update.sha256:
                 raise ValueError(f"policy version {update.version} at {weights}: sha256 {digest[:12]}... "
                                  f"!= published {update.sha256[:12]}...; the file is corrupt or still being written")

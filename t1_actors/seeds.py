@@ -84,6 +84,7 @@ def run_seeds(config, *, seeds: int, out: Path, base: Path | None = None, consol
     from rich.console import Console
 
     from .campaign import check_warm_start_passes, run_campaign
+    from .layout import log_path
 
     console = console or Console(stderr=True)
     if seeds < 1:
@@ -105,7 +106,7 @@ def run_seeds(config, *, seeds: int, out: Path, base: Path | None = None, consol
     for seed, run_dir, seed_cfg in plan:
         if not (run_dir / "summary.json").is_file():
             console.rule(f"seed {seed} of {seeds}: {run_dir}")
-            if (run_dir / "log").exists():
+            if log_path(run_dir).exists():
                 raise FileExistsError(f"{run_dir} holds an unfinished run (a log, no summary.json); move it away "
                                       "and run again: the finished seeds are kept")
             run_campaign(seed_cfg, console=console, write_report=write_report)

@@ -24,13 +24,14 @@ from schemas import (
 from storage import EventLog
 
 from .admission import StalenessConfig, grouped
-from .campaign import CampaignConfig, tokenizer_path
+from .campaign import CampaignConfig
 from .evaluation import EvalConfig, evaluate_policy, pass_k_subset
 from .policy.tokenizer import load_tokenizer, special_token_ids
 from .rollout import Generation, ToolOutcome
 from .runtime.actor import Actor
 from .tasks import build_task_sets
 from .trials import BatchStats, TrialRunner, run_batches, run_warmup
+from .layout import checkpoints_dir, log_path, tokenizer_path
 
 
 class ActorPorts:
@@ -100,7 +101,7 @@ class StalenessActor(Actor):
         self.pass_k_ids = pass_k_subset(sets.eval, self.eval_config.pass_k_tasks)
         self.tasks = sets.by_id
         self.tokenizer = load_tokenizer(tokenizer_path(self.ctx.run_dir))
-        self.reader = EventLog.open(self.ctx.run_dir / "log")
+        self.reader = EventLog.open(log_path(self.ctx.run_dir))
         self.version = 0
         self.version_changed = trio.Event()
         self.stats = BatchStats()
@@ -122,7 +123,7 @@ class StalenessActor(Actor):
 
     def _rl_seconds_left(self) -> float:
         """RL's wall-clock budget survives a restart of this actor: its start is kept beside the log."""
-        path = self.ctx.run_dir / "checkpoints" / f"{self.name}.json"
+        path = checkpoints_dir(self.ctx.run_dir) / f"{self.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             started = json.loads(path.read_text())["rl_started_at"]

@@ -18,7 +18,6 @@ Data parallel: call ``init_data_parallel()`` in each process (torchrun env), giv
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import io
 import os
 import shutil
@@ -34,6 +33,7 @@ from schemas import CriticValues, CriticWarmup, LearnerStep, PolicyUpdate, Traje
 
 from .. import ppo
 from ..policy.model import MoEPolicy
+from ..layout import sha256_file, version_dirname  # noqa: F401  (re-exported: megatron_learner, tools)
 from ..policy.value import ValueModel
 from ._learner_batch import TrajectoryBatch, collate
 from ._ppo_step import (Trainable, advantages_and_returns, monte_carlo_returns, run_ppo_step, run_value_updates,
@@ -128,9 +128,6 @@ class WarmupReport:
                             explained_variance_after=self.explained_variance_after, metrics=self.metrics)
 
 
-def version_dirname(version: int) -> str:
-    """Directory name of a published policy version (the run's ``weights/vNNNNN``)."""
-    return f"v{version:05d}"
 
 
 def cursor_tensor(cursor: bytes) -> torch.Tensor:
@@ -142,12 +139,6 @@ def cursor_bytes(tensor: torch.Tensor) -> bytes:
     return bytes(tensor.cpu().numpy().tobytes())
 
 
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- critic

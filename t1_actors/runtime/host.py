@@ -14,6 +14,7 @@ from schemas.events import ActorLifecycle
 from schemas.messages import Ack, Cancel, ErrorReply, Generic, Heartbeat, Ping, Pong, Shutdown
 
 from ..config import RunConfig
+from ..layout import log_path
 from .actor import Actor, ActorContext
 from .auth import Opener, Sealer
 from .errors import DeadlineExceeded, RemoteError
@@ -249,7 +250,7 @@ async def _open_writer(config: RunConfig, name: str):
     storage_cfg = config.section("storage")
 
     def open_sync():
-        log = storage.EventLog.open(config.run.dir / "log", create=True, config=storage_cfg)
+        log = storage.EventLog.open(log_path(config.run.dir), create=True, config=storage_cfg)
         return log.writer(name, routing_shape=(model.num_layers, model.top_k), num_experts=model.num_experts)
 
     return await trio.to_thread.run_sync(open_sync)

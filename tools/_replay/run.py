@@ -7,7 +7,6 @@ run's tokenizer (``RUN/tokenizer.json``). ``RUN`` may also be the log directory 
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from schemas import Event, SamplerTurn, WeightsPublished
 from storage import EventLog, LogError
+from t1_actors.layout import sha256_file
 
 TOKENIZER_NAMES = ("tokenizer.json", "tokenizer/tokenizer.json", "assets/tokenizer.json")
 
@@ -111,8 +111,8 @@ class RunView:
                 files = sorted(directory.glob("*.safetensors"))
                 if not files:
                     return False
-                digests = {_sha256(f) for f in files}
-                return e.sha256 in digests or _sha256_many(files) == e.sha256
+                digests = {sha256_file(f) for f in files}
+                return e.sha256 in digests or sha256_file(*files) == e.sha256
         return None
 
     def model(self, version: int):
@@ -150,18 +150,3 @@ def _read_all(log):
     yield from log.events()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _sha256_many(files: list[Path]) -> str:
-    h = hashlib.sha256()
-    for f in files:
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
