@@ -34,7 +34,7 @@ from .config import section
 from .policy import ModelConfig, MoEPolicy
 from .policy.value import ValueModel
 from .ppo import PPOConfig
-from .runtime.actor import Actor, handles
+from .runtime.actor import Actor, handles, on_event
 from .layout import checkpoints_dir, log_path
 
 
@@ -87,29 +87,40 @@ class CriticActor(Actor):
     async def run(self) -> None:
         await trio.to_thread.run_sync(self._build_engine)
         self._engine_ready.set()
-        cursor = self.event_log.cursor(self.position, kinds=["trial_issued", "trajectory", "staleness_decision",
-                                                             "learner_step"])
+        cursor = self.event_log.cursor(self.position, kinds=self.followed_kinds())
         async for events in cursor.atail(interval=self.critic_config.poll_interval_s):
             async with self._lock:
                 for _, event in events:
-                    await self._on_event(event)
+                    await self.on_logged(event)
                 if not self.warmed and len(self.warmup_logged) >= self.critic_config.warmup_trajectories:
                     await self._warmup(sorted(self.warmup_logged))
                 self.position = cursor.position  # every event up to here is handled
                 if self._changed:
                     await self._checkpoint()
 
-    async def _on_event(self, event) -> None:
-        if isinstance(event, TrialIssued) and event.split == "warmup":
+    # ---- what it follows in the log -------------------------------------------------------------------
+    @on_event(TrialIssued)
+    async def _issued(self, event: TrialIssued) -> None:
+        if event.split == "warmup":
             self.warmup_trials.add(event.trial_id)
-        elif isinstance(event, TrajectoryAssembled) and event.trial_id in self.warmup_trials:
+
+    @on_event(TrajectoryAssembled)
+    async def _assembled(self, event: TrajectoryAssembled) -> None:
+        if event.trial_id in self.warmup_trials:
             self.warmup_logged.add(event.trial_id)
-        elif isinstance(event, StalenessDecision) and event.decision == "admit":
-            if self.warmed:
-                await self._value(event.trial_id)
-            else:
-                self.waiting.append(event.trial_id)
-        elif isinstance(event, LearnerStep) and self.warmed:
+
+    @on_event(StalenessDecision)
+    async def _decided(self, event: StalenessDecision) -> None:
+        if event.decision != "admit":
+            return
+        if self.warmed:
+            await self._value(event.trial_id)
+        else:
+            self.waiting.append(event.trial_id)
+
+    @on_event(LearnerStep)
+    async def _stepped(self, event: LearnerStep) -> None:
+        if self.warmed:
             await self._update(event)
 
     @handles(Generic)

@@ -34,7 +34,7 @@ from .backends.torch_learner import PublishedWeights, TorchLearner
 from .config import section
 from .policy import ModelConfig, MoEPolicy
 from .ppo import PPOConfig
-from .runtime.actor import Actor
+from .runtime.actor import Actor, on_event
 from .runtime.errors import NoSuchPeer
 from .layout import checkpoints_dir, log_path
 
@@ -102,17 +102,22 @@ class LearnerActor(Actor):
             await self.log(published)
             await self._announce(PublishedWeights(published.version, published.sha256, published.location,
                                                   published.step))
-        cursor = self.event_log.cursor(self.position, kinds=["staleness_decision", "critic_values"])
+        cursor = self.event_log.cursor(self.position, kinds=self.followed_kinds())
         async for events in cursor.atail(interval=self.learner_config.poll_interval_s):
             for _, event in events:
-                if isinstance(event, StalenessDecision) and event.decision == "admit" \
-                        and event.trial_id not in self.pending:
-                    self.pending.append(event.trial_id)
-                    self.changed.add(event.trial_id)
-                elif isinstance(event, CriticValues):
-                    self.changed.add(event.trial_id)
+                await self.on_logged(event)
             while trials := await self._ready_trials():
                 await self._train(trials, cursor.position)
+
+    @on_event(StalenessDecision)
+    async def _admitted(self, event: StalenessDecision) -> None:
+        if event.decision == "admit" and event.trial_id not in self.pending:
+            self.pending.append(event.trial_id)
+            self.changed.add(event.trial_id)
+
+    @on_event(CriticValues)
+    async def _valued(self, event: CriticValues) -> None:
+        self.changed.add(event.trial_id)
 
     async def _ready_trials(self) -> list[str]:
         """The first ``batch_size`` pending trials whose every chunk the critic has valued."""

@@ -89,3 +89,45 @@ class CrashingActor(Actor):
         if self.options.always or not marker.exists():
             marker.write_text("1")
             raise RuntimeError("crashing on first start, as designed")
+
+
+def test_on_event_handlers_give_the_followed_kinds_and_dispatch_in_order():
+    import pytest
+
+    import trio
+
+    from schemas import LearnerStep, TrialIssued
+    from t1_actors.runtime import Actor, on_event
+
+    class Follower(Actor):
+        role = "follower"
+
+        def __init__(self):  # no runtime context needed to dispatch
+            self.seen = []
+
+        @on_event(TrialIssued)
+        async def _issued(self, event):
+            self.seen.append(("issued", event.trial_id))
+
+        @on_event(TrialIssued, LearnerStep)
+        async def _any(self, event):
+            self.seen.append(("any", event.kind))
+
+    class Child(Follower):
+        @on_event(LearnerStep)
+        async def _stepped(self, event):
+            self.seen.append(("stepped", event.step))
+
+    assert Follower.followed_kinds() == ["learner_step", "trial_issued"]
+    actor = Child()
+    events = [TrialIssued(trial_id="t", task_id="x", policy_version_wanted=0),
+              LearnerStep(step=3, policy_version=4, trials=["t"], metrics={})]
+
+    async def feed():
+        for event in events:
+            await actor.on_logged(event)
+
+    trio.run(feed)
+    assert actor.seen == [("issued", "t"), ("any", "trial_issued"), ("any", "learner_step"), ("stepped", 3)]
+    with pytest.raises(TypeError, match="on_event"):
+        on_event(int)

@@ -68,7 +68,7 @@ run.toml`` (every local actor under a supervisor). Inside a trio program (the ca
     await nursery.start(serve_actor, EchoActor, config, "echo-0")   # an actor in this very process (tests)
 """
 
-from .actor import Actor, ActorContext, handles
+from .actor import Actor, ActorContext, handles, on_event
 from .errors import AuthError, DeadlineExceeded, NoSuchPeer, RemoteError, RequestCancelled, RuntimeFault
 from .host import ActorHost, run_actor_process, serve_actor
 from .logs import configure_logging
@@ -76,7 +76,7 @@ from .peers import PeerGroup, Peers, connect
 from .roles import ROLES, actor_class, resolve_role
 
 __all__ = [
-    "Actor", "ActorContext", "handles",
+    "Actor", "ActorContext", "handles", "on_event",
     "AuthError", "DeadlineExceeded", "NoSuchPeer", "RemoteError", "RequestCancelled", "RuntimeFault",
     "ActorHost", "run_actor_process", "serve_actor", "configure_logging",
     "PeerGroup", "Peers", "connect", "ROLES", "actor_class", "resolve_role",

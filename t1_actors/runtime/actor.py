@@ -41,6 +41,20 @@ def handles(*types: type[Record], graceful_cancel: bool = False) -> Callable[[F]
     return mark
 
 
+def on_event(*types: type[Record]) -> Callable[[F], F]:
+    """Mark ``async def method(self, event)`` as the handler of these event types read from the log: the
+    twin of ``@handles`` for actors that follow the log. ``self.followed_kinds()`` is the cursor's kinds
+    filter; ``await self.on_logged(event)`` calls the handlers of the event's type in definition order."""
+    if not types or not all(isinstance(t, type) and issubclass(t, Record) for t in types):
+        raise TypeError("@on_event takes one or more event types, e.g. @on_event(LearnerStep)")
+
+    def mark(method: F) -> F:
+        method.__t1_on_event__ = types  # type: ignore[attr-defined]
+        return method
+
+    return mark
+
+
 @dataclass
 class ActorContext:
     """What the runtime gives an actor. Built by the host; ``Actor`` exposes each as an attribute."""
@@ -70,10 +84,12 @@ class Actor:
     role: ClassVar[str] = ""
     Options: ClassVar[type[BaseModel] | None] = None  # validates the [[actors]] entry's ``options``
     _handlers: ClassVar[dict[type[Record], tuple[str, bool]]] = {}
+    _event_handlers: ClassVar[dict[type[Record], list[str]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         table: dict[type[Record], tuple[str, bool]] = {}
+        events: dict[type[Record], list[str]] = {}
         for klass in reversed(cls.__mro__):
             for attr, value in vars(klass).items():
                 marked = getattr(value, "__t1_handles__", None)
@@ -81,7 +97,21 @@ class Actor:
                     types, graceful = marked
                     for t in types:
                         table[t] = (attr, graceful)
+                for t in getattr(value, "__t1_on_event__", ()):
+                    if attr not in events.setdefault(t, []):
+                        events[t].append(attr)
         cls._handlers = table
+        cls._event_handlers = events
+
+    @classmethod
+    def followed_kinds(cls) -> list[str]:
+        """The event kinds this actor's ``@on_event`` handlers read (a cursor's ``kinds`` filter)."""
+        return sorted({t.kind for t in cls._event_handlers})
+
+    async def on_logged(self, event: Record) -> None:
+        """Dispatch one event read from the log to its ``@on_event`` handlers (none: ignored)."""
+        for attr in self._event_handlers.get(type(event), ()):
+            await getattr(self, attr)(event)
 
     def __init__(self, ctx: ActorContext):
         self.ctx = ctx
