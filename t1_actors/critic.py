@@ -29,7 +29,8 @@ from schemas import Ack, Generic, LearnerStep, StalenessDecision, TrajectoryAsse
 from storage import EventLog
 
 from .backends._learner_batch import collate, trial_records
-from .backends.torch_learner import TorchCritic, cursor_bytes, cursor_tensor
+from .backends.torch_critic import TorchCritic
+from .backends.torch_learner import cursor_bytes, cursor_tensor
 from .config import section
 from .policy import ModelConfig, MoEPolicy
 from .policy.value import ValueModel

@@ -30,7 +30,8 @@ from schemas import CriticValues, LearnerStep, StalenessDecision, WeightsPublish
 from storage import EventLog
 
 from .backends._learner_batch import collate, trial_records
-from .backends.torch_learner import PublishedWeights, TorchLearner
+from .backends.learner_backend import open_learner_backend
+from .backends.torch_learner import PublishedWeights
 from .config import section
 from .policy import ModelConfig, MoEPolicy
 from .ppo import PPOConfig
@@ -182,15 +183,9 @@ class LearnerActor(Actor):
         if policy.config != self.model_config:
             raise ValueError(f"the initial policy's shape {policy.config} differs from [model] {self.model_config}; "
                              "fix [model] or point policy_path at a matching checkpoint")
-        cfg, lc = self.ppo_config, self.learner_config
-        if lc.backend == "megatron":
-            from .backends.megatron_learner import MegatronLearner
-            engine = MegatronLearner(self.model_config, cfg, policy_version=max(version, 0), replay=lc.replay,
-                                     fidelity_metrics=lc.fidelity_metrics, seed=lc.seed)
-            engine.load_policy(policy)
-        else:
-            engine = TorchLearner(policy, cfg, policy_version=max(version, 0), replay=lc.replay,
-                                  fidelity_metrics=lc.fidelity_metrics, seed=lc.seed)
+        lc = self.learner_config
+        engine = open_learner_backend(lc.backend, policy, self.ppo_config, policy_version=max(version, 0),
+                                      replay=lc.replay, fidelity_metrics=lc.fidelity_metrics, seed=lc.seed)
         self.engine = engine
         if self.checkpoint_path.is_file():
             state = json.loads(engine.load_checkpoint(self.checkpoint_path).decode())

@@ -1,0 +1,53 @@
+"""The learner's engine interface: what the learner actor needs of a backend, and the one place that
+builds one from ``[learner] backend``.
+
+    engine = open_learner_backend("torch", policy, ppo_cfg, policy_version=0)
+    result = engine.step(batch)               # one PPO step on a collated batch -> StepResult
+    published = engine.publish(weights_root)  # RUN/weights/vNNNNN (safetensors + sha256) -> PublishedWeights
+    engine.save_checkpoint(path, cursor)      # policy, optimiser, counters, RNG and the log cursor, atomically
+    cursor = engine.load_checkpoint(path)     # restores all of it; returns the cursor blob
+
+Backends: ``torch`` (``torch_learner.TorchLearner``, in-process, data parallel over gloo) and ``megatron``
+(``megatron_learner.MegatronLearner``, megatron-core with RouterReplay). Both produce the same
+``StepResult`` and ``PublishedWeights``, so the actor never branches on which one it has.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Protocol
+
+from .. import ppo
+from ..policy.model import MoEPolicy
+from ._learner_batch import TrajectoryBatch
+from .torch_learner import PublishedWeights, StepResult, TorchLearner
+
+Backend = Literal["torch", "megatron"]
+
+
+class LearnerBackend(Protocol):
+    policy_version: int  # the version the engine's weights are
+
+    def step(self, batch: TrajectoryBatch) -> StepResult: ...
+
+    def publish(self, directory: str | Path) -> PublishedWeights: ...
+
+    def save_checkpoint(self, path: str | Path, cursor: bytes = b"") -> Path: ...
+
+    def load_checkpoint(self, path: str | Path) -> bytes: ...
+
+
+def open_learner_backend(backend: Backend, policy: MoEPolicy, cfg: ppo.PPOConfig, *, policy_version: int = 0,
+                         replay: bool = True, fidelity_metrics: bool = True, seed: int = 0) -> LearnerBackend:
+    """The engine ``backend`` names, holding ``policy`` at ``policy_version``."""
+    if backend == "megatron":
+        from .megatron_learner import MegatronLearner  # megatron-core is an optional extra
+
+        engine = MegatronLearner(policy.config, cfg, policy_version=policy_version, replay=replay,
+                                 fidelity_metrics=fidelity_metrics, seed=seed)
+        engine.load_policy(policy)
+        return engine
+    if backend == "torch":
+        return TorchLearner(policy, cfg, policy_version=policy_version, replay=replay,
+                            fidelity_metrics=fidelity_metrics, seed=seed)
+    raise ValueError(f"[learner] backend = {backend!r}: use 'torch' or 'megatron'")
