@@ -4,7 +4,7 @@ from .base import Array, ArraySpec, Record, RoutingArray, SchemaError, routing_d
 from .codec import decode, encode, pack, unpack
 from .events import (
     ActorLifecycle, CriticValues, CriticWarmup, EvalResult, Event, LearnerStep, SamplerTurn,
-    SandboxExec, StalenessDecision, TrajectoryAssembled, TrialIssued, VerifierResult, WeightsPublished,
+    SandboxExec, StalenessDecision, TrajectoryAssembled, TrialEnded, TrialIssued, VerifierResult, WeightsPublished,
 )
 from .messages import (
     Ack, Cancel, ErrorReply, ExecRequest, GenerateReply, GenerateRequest, Generic, Heartbeat, Message,

@@ -114,6 +114,21 @@ class VerifierResult(Event):
 
 
 @register
+class TrialEnded(Event):
+    """How a trial's agent loop ended, before its verification: ``answered``, ``max_turns``, ``context``,
+    ``timeout`` (the task's agent timeout), ``cancelled``, ``sampler_error`` or ``infra_error`` (the sandbox
+    could not be built or failed: never the agent's fault); its assistant turns and wall time."""
+
+    kind = "trial_ended"
+    trial_id: str
+    finish: str
+    turns: int = Field(0, ge=0)
+    duration_s: float = Field(0.0, ge=0)
+    infra_error: str | None = None
+    unhonoured: list[str] = []  # the task's environment steps its sandbox could not honour (Dockerfile replay)
+
+
+@register
 class TrajectoryAssembled(Event):
     """A TITO trajectory chunk: token stream, loss mask, sampler logprobs and routing aligned to it.
 

@@ -5,6 +5,7 @@
     t1-actor <role> --config run.toml [--name NAME]   one actor (a cluster runs one per process/host)
     t1-actor check --config run.toml                  validate the config and every actor's class/options
     t1-actor run-task TASK_DIR [--oracle] [--json]    one task in a local sandbox, then its verifier
+    t1-actor eval --tasks DIR --policy P [--attempts K] a policy on a task set: resolved rate, CI, pass@k
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 from . import __version__
 
-_COMMANDS = ("launch", "check", "run-task")
+_COMMANDS = ("launch", "check", "run-task", "eval")
 
 
 def _role_table() -> dict[str, str]:
@@ -50,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--quick", action="store_true", help="check with the [quick.*] overrides applied")
     sub.add_parser("run-task", help="run one task in a local sandbox and verify it (see run-task --help)",
                    add_help=False)
+    sub.add_parser("eval", help="a policy (oracle, noop, run:RUN) on a task set (see eval --help)", add_help=False)
     for role in roles:
         _add_role(sub, role)
     return parser
@@ -68,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         from .run_task import main as run_task
 
         return run_task(argv[1:])
+    if argv and argv[0] == "eval":
+        from .task_eval import main as task_eval
+
+        return task_eval(argv[1:])
     parser = _parser()
     if argv and not argv[0].startswith("-") and argv[0] not in _COMMANDS and argv[0] not in _role_table():
         _add_role(parser._subparsers._group_actions[0], argv[0])  # a role from actor_class in the config

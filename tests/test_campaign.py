@@ -313,3 +313,34 @@ def test_seeds_run_from_one_sft_policy_write_their_table_and_resume(plain_run, t
     assert (out / "seeds.md").read_text().count("\n") == 3  # header, rule, one row
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and json.loads((out / "seeds.json").read_text()) == table
+
+
+def test_t1_actor_eval_plays_a_run_policy_on_the_example_tasks(plain_run, tmp_path):
+    """`t1-actor eval --policy run:RUN`: the quick campaign's final policy through the campaign's agent loop
+    on the shipped Terminal-Bench and Harbor tasks, every turn in the eval's own log."""
+    source = plain_run[2]
+    examples = ROOT / "t1_actors" / "tasks" / "examples"
+    out = tmp_path / "eval"
+    command = [sys.executable, "-m", "t1_actors.cli", "eval", "--tasks", str(examples), "--policy", f"run:{source}",
+               "--attempts", "2", "--out", str(out), "--sandbox-dir", str(tmp_path / "sandbox"),
+               "--verifier-dir", str(tmp_path / "verifier"), "--json"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["n"] == 12 and summary["temperature"] == 1.0 and set(summary["pass_at_k"]) == {"1", "2"}
+    assert all(row["turns"] >= 1 for row in summary["tasks"] if row["failure_class"] != "infrastructure")
+    log = EventLog.open(out / "log")
+    counts = log.counts()
+    assert counts["trial_issued"] == 12 and counts["trial_ended"] == 12 and counts["sampler_turn"] >= 12
+    [version] = {e.policy_version for _, e in log.events(kinds=["sampler_turn"])}
+    published = [e.version for _, e in EventLog.open(source / "log").events(kinds=["weights_published"])]
+    assert version == max(published)  # the newest version by default
+    # the same seed draws the same tokens: a second eval of version 0 twice pairs with no flips
+    again = [*command[:7], f"run:{source}@0", *command[8:], "--concurrency", "1"]  # batch of one: bit-exact
+    for name in ("v0-a", "v0-b"):
+        again[again.index("--out") + 1] = str(tmp_path / name)
+        assert subprocess.run(again, cwd=ROOT, capture_output=True, text=True, timeout=900).returncode == 0
+    compared = subprocess.run([sys.executable, "-m", "t1_actors.cli", "eval", "--compare", str(tmp_path / "v0-a"),
+                               str(tmp_path / "v0-b"), "--json"], cwd=ROOT, capture_output=True, text=True)
+    change = json.loads(compared.stdout.strip().splitlines()[-1])
+    assert change["tasks"] >= 10 and change["gained"] == change["lost"] == 0

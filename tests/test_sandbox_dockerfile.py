@@ -95,3 +95,13 @@ def test_run_heredoc_with_shebang_is_executed_as_a_file():
     plan = plan_dockerfile("FROM x\nRUN <<EOF\n#!/usr/bin/env python3\nprint('hi')\nEOF\n", None)
     (step,) = plan.steps
     assert step.stdin == b"#!/usr/bin/env python3\nprint('hi')\n" and "chmod +x" in step.argv[-1]
+
+
+def test_profiles_are_keyed_on_the_base_image_alone():
+    from t1_actors.backends._sandbox.profiles import profile_for
+
+    assert profile_for("ghcr.io/laude-institute/t-bench/python-3-13:20250620").name == "t-bench-python"
+    assert profile_for("ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624").name == "t-bench"
+    assert profile_for("python:3.12-slim").name == "python" and profile_for("docker.io/library/python:3").python
+    assert profile_for("ubuntu:24.04") is None and profile_for(None) is None
+    assert profile_for("python:3.13").env() == {"PIP_BREAK_SYSTEM_PACKAGES": "1"}

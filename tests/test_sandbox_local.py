@@ -231,3 +231,28 @@ def test_stale_trials_of_a_dead_owner_are_swept(backend):
     (sandbox.directory / "owner").write_text("999999999")  # no such process
     assert backend.sweep_stale() >= 1
     assert not sandbox.directory.exists()
+
+
+def test_copy_into_an_existing_directory_copies_into_it_as_docker_does(backend, tmp_path):
+    # a t-bench image's WORKDIR /app exists before the first step: `COPY f /app` is /app/f, not a file /app
+    (tmp_path / "notes.txt").write_text("n\n")
+    task = make_task("copy-into", dockerfile="FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\n"
+                                             "COPY notes.txt /app\n", context_dir=str(tmp_path), workdir="/app")
+    with backend.open(task, "c1") as sandbox:
+        assert sandbox.exec("cat /app/notes.txt").stdout == "n\n"
+        assert any(item.startswith("profile t-bench: WORKDIR /app") for item in sandbox.build.unhonoured)
+
+
+def test_a_python_image_profile_gives_python_and_a_system_wide_pip_in_the_trials_layer_only(backend, tmp_path):
+    task = make_task("py-profile", dockerfile="FROM python:3.13-slim\nRUN python -c 'print(1)' > /srv/ran.txt\n",
+                     workdir="/srv")
+    with backend.open(task, "p1") as sandbox:
+        out = sandbox.exec("cat /srv/ran.txt; python -c 'import sys; print(sys.version_info[0])'; "
+                           "pip --version | cut -c1-4; echo $PIP_BREAK_SYSTEM_PACKAGES").stdout
+        assert out.split("\n") == ["1", "3", "pip ", "1", ""]
+        assert any("python -> the host's python3" in item for item in sandbox.build.unhonoured)
+    assert not Path("/usr/local/bin/python").exists() or Path("/usr/local/bin/python").read_bytes() != \
+        b"#!/bin/sh\nexec python3 \"$@\"\n", "the shim must stay in the task's layer"
+    plain = make_task("no-profile", dockerfile="FROM debian:bookworm\nRUN true\n")
+    with backend.open(plain, "p2") as sandbox:
+        assert not any(item.startswith("profile") for item in sandbox.build.unhonoured)

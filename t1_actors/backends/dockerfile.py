@@ -29,8 +29,9 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._sandbox.profiles import profile_for
+
 DEFAULT_SHELL = ("/bin/sh", "-c")
-_TBENCH_IMAGE = re.compile(r"(t-bench|terminal-bench|laude-institute)", re.I)
 _HEREDOC = re.compile(r"<<(-?)(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
 _VAR = re.compile(r"\\\$|\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::([-+])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 _IGNORED = {"CMD", "ENTRYPOINT", "EXPOSE", "VOLUME", "USER", "LABEL", "MAINTAINER", "HEALTHCHECK",
@@ -199,7 +200,8 @@ def plan_dockerfile(text: str, context_dir: str | os.PathLike | None, *,
                 raise DockerfileError(f"{where}: FROM names no image; write e.g. FROM python:3.13-slim")
             plan.base_images.append(words[0])
             if len(plan.base_images) == 1:
-                workdir = "/app" if _TBENCH_IMAGE.search(words[0]) else "/"
+                profile = profile_for(words[0])  # the image's WORKDIR where its profile knows it
+                workdir = profile.workdir if profile is not None and profile.workdir else "/"
             else:
                 plan.unhonoured.append(f"{where}: multi-stage FROM {words[0]} (stages share one root)")
         elif ins.name == "ARG":

@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING
 from ..dockerfile import BuildPlan, CopyStep, RunStep, WorkdirStep, plan_dockerfile
 from .interface import BuildReport, ExecResult, SandboxInfraError
 from .layers import Layer, RootStack, remove_tree, unmount_all
+from .profiles import PYTHON_SHIMS, ImageProfile, profile_for
 from .rootfs import RootFS
 from .runner import BASE_ENV, ExecLimits, run_in_root
 
 if TYPE_CHECKING:
     from t1_actors.tasks.model import Task
 
-_FORMAT = 1  # bump when the layout of an image changes
+_FORMAT = 2  # bump when the layout of an image changes (2: base-image profiles)
 
 
 class SandboxBuildError(SandboxInfraError):
@@ -120,7 +121,8 @@ def _load(path: Path) -> Image | None:
 
 def _files_only(task: "Task", plan: BuildPlan, system_dirs: tuple[str, ...]) -> bool:
     """True when the environment is just files outside the host's system dirs: no mount needed to build it."""
-    return not plan.steps and not task.environment.setup and all(
+    return not plan.steps and not task.environment.setup and profile_for(
+        plan.base_images[0] if plan.base_images else None) is None and all(
         path.split("/")[1] not in system_dirs for path in [*task.environment.files, task.environment.workdir])
 
 
@@ -146,7 +148,9 @@ def _build(task: "Task", plan: BuildPlan, key: str, scratch: Path, stack: RootSt
     merged.mkdir()
     mounted = stack.mount(merged, layer, scratch / "work")
     root = RootFS(merged)
-    env = {**BASE_ENV, **plan.env, **task.environment.env}
+    profile = profile_for(plan.base_images[0] if plan.base_images else None)
+    image_env = {**(profile.env() if profile else {}), **plan.env, **task.environment.env}
+    env = {**BASE_ENV, **image_env}
 
     def run(argv: tuple[str, ...] | list[str], step_env: dict[str, str], workdir: str, what: str,
             stdin: bytes | None = None) -> ExecResult:
@@ -165,12 +169,14 @@ def _build(task: "Task", plan: BuildPlan, key: str, scratch: Path, stack: RootSt
         return result
 
     try:
+        if profile is not None:
+            lay_profile(profile, root)
         for step in plan.steps:
             if isinstance(step, WorkdirStep):
                 root.makedirs(step.path)
             elif isinstance(step, RunStep):
-                run(step.argv, {**BASE_ENV, **step.env}, step.workdir, f"Dockerfile line {step.line} RUN",
-                    step.stdin)
+                run(step.argv, {**BASE_ENV, **(profile.env() if profile else {}), **step.env}, step.workdir,
+                    f"Dockerfile line {step.line} RUN", step.stdin)
             elif isinstance(step, CopyStep):
                 _copy(step, root, lambda argv, what: run(argv, env, step.workdir, what))
         for path, spec in task.environment.files.items():
@@ -184,15 +190,27 @@ def _build(task: "Task", plan: BuildPlan, key: str, scratch: Path, stack: RootSt
         unmount_all(mounted)
     shutil.rmtree(scratch / "work", ignore_errors=True)
     unhonoured = list(plan.unhonoured)
+    if profile is not None:
+        unhonoured.insert(0, profile.describe())
     if len(plan.base_images) > 0:
         unhonoured.insert(0, f"FROM {plan.base_images[0]} (the host system stands in for the image)")
     report = BuildReport(plan.base_images[0] if plan.base_images else None, len(plan.steps), unhonoured,
                          False, time.monotonic() - start)
-    return Image(key, Layer(scratch / "layer"), {**plan.env, **task.environment.env}, task.environment.workdir, report)
+    return Image(key, Layer(scratch / "layer"), image_env, task.environment.workdir, report)
+
+
+def lay_profile(profile: ImageProfile, root: RootFS) -> None:
+    """What the base image would have provided (``profiles``), laid into the task's layer."""
+    if profile.workdir:
+        root.makedirs(profile.workdir)
+    if profile.python:
+        for path, script in PYTHON_SHIMS.items():
+            if not root.exists(path):
+                root.write(path, script.encode(), 0o755)
 
 
 def _copy(step: CopyStep, root: RootFS, run) -> None:
-    into_dir = step.dest_is_dir
+    into_dir = step.dest_is_dir or root.is_dir(step.dest)  # Docker: COPY f /existing-dir copies into it
     for source in step.sources:
         target = f"{step.dest.rstrip('/')}/{source.name}" if into_dir else step.dest
         if source.content is not None:

@@ -82,6 +82,15 @@ class RootFS:
             finally:
                 os.close(parent)
 
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` names anything inside the root (a dangling symlink counts: it is there)."""
+        with self._root_fd() as root:
+            try:
+                os.close(linux.openat2(root, _rel(path), os.O_PATH | os.O_NOFOLLOW))
+                return True
+            except OSError:
+                return False
+
     def is_dir(self, path: str) -> bool:
         with self._root_fd() as root:
             try:

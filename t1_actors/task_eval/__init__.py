@@ -1,0 +1,260 @@
+"""`t1-actor eval`: any policy on a task set (own, Terminal-Bench, Harbor): resolved rate with its CI, per
+category and difficulty, pass@k, failure classes kept apart, resumable, pairable.
+
+    t1-actor eval --tasks DIR_OR_LIST [--tasks ...] --policy POLICY [--attempts K] [--temperature T]
+                  [--seed S] [--concurrency N] [--filter KEY=VALUE ...] [--out RUN] [--json]
+    t1-actor eval --compare RUN_A RUN_B [--json]
+
+POLICY: ``oracle`` (the task's solution: checks the harness; its failures are the harness's), ``noop``
+(nothing: what passes by itself), ``run:RUN[@VERSION]`` (a t1 run's policy, newest version by default,
+through the campaign's agent loop). ``hf:`` and ``sglang:`` policies are refused by name until t1 loads
+HF tokenizers and serves through a real SGLang server.
+
+RUN gets the eval's own event log (``RUN/log``: every trial, turn, exec, ending and verification; ``t1-replay
+show RUN --trial ID`` reads it), ``RUN/eval.json`` (the summary) and ``RUN/eval.md`` (the table). Running again
+with the same RUN skips the (task, attempt) pairs already finished; a different policy, task set, attempts,
+temperature or seed for the same RUN is refused, nothing touched. With ``--seed`` equal, two evals of the
+same tasks draw the same uniforms per (task, turn, attempt): ``--compare`` pairs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ._summary import attempt_rows, compare, markdown, summarise
+
+__all__ = ["main", "attempt_rows", "summarise", "compare", "markdown"]
+
+REFUSED_POLICIES = {"hf:": "HF checkpoints need t1 to load HF tokenizers and chat templates (not yet)",
+                    "sglang:": "a served model needs the real-SGLang launcher (not yet)"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="t1-actor eval", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", action="append", default=[], metavar="DIR_OR_LIST",
+                        help="a task directory, a directory of them, or a file listing task directories (repeatable)")
+    parser.add_argument("--policy", default=None, help="oracle | noop | run:RUN[@VERSION]")
+    parser.add_argument("--attempts", type=int, default=1, help="attempts per task (pass@k for k <= this)")
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's)")
+    parser.add_argument("--seed", type=int, default=0, help="0: the campaign's eval draws; another value, another stream")
+    parser.add_argument("--concurrency", type=int, default=4, help="attempts played at once")
+    parser.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
+                        help="keep tasks whose metadata KEY equals VALUE (category=..., difficulty=...); repeatable")
+    parser.add_argument("--out", default=None, help="the eval's run directory (default runs/eval-TIMESTAMP)")
+    parser.add_argument("--compare", nargs=2, default=None, metavar=("RUN_A", "RUN_B"),
+                        help="pair two finished evals by (task, attempt) instead of running one")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (run: policies)")
+    parser.add_argument("--sandbox-dir", default=None, help="local sandbox base directory")
+    parser.add_argument("--verifier-dir", default=None, help="verifier base directory")
+    parser.add_argument("--json", action="store_true", help="last line: the summary as one JSON object")
+    return parser
+
+
+def load_task_set(sources: list[str], filters: list[str]) -> list:
+    """Tasks from directories or list files, filtered on metadata; ids unique across sources."""
+    from ..config import ConfigError
+    from ..tasks.errors import TaskFormatError
+    from ..tasks.formats import load_tasks
+
+    wanted = {}
+    for item in filters:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--filter {item!r}: write KEY=VALUE, e.g. category=debugging")
+        wanted[key] = value
+    tasks: dict[str, Any] = {}
+    for source in sources:
+        path = Path(source)
+        roots = [path] if path.is_dir() else None
+        if roots is None:
+            if not path.is_file():
+                raise ConfigError(f"--tasks {source}: no such directory or list file")
+            roots = [Path(line.strip()) if Path(line.strip()).is_absolute() else path.parent / line.strip()
+                     for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+        for root in roots:
+            try:
+                found = load_tasks(root)
+            except TaskFormatError as exc:
+                raise ConfigError(f"--tasks {source}: {exc}") from None
+            for task in found:
+                if task.id in tasks:
+                    raise ConfigError(f"--tasks: task id {task.id!r} appears twice ({root}); rename one")
+                tasks[task.id] = task
+    kept = [t for t in tasks.values() if all(str(t.metadata.get(k, "")) == v for k, v in wanted.items())]
+    if not kept:
+        raise ConfigError(f"--tasks {' '.join(sources)}: no task" + (f" matches {filters}" if filters else ""))
+    return sorted(kept, key=lambda t: t.id)
+
+
+def _header(args, tasks: list) -> dict[str, Any]:
+    return {"policy": args.policy, "attempts": args.attempts, "temperature": args.temperature, "seed": args.seed,
+            "task_ids": [t.id for t in tasks], "filters": sorted(args.filter)}
+
+
+def _check_resume(out: Path, header: dict[str, Any]) -> None:
+    from ..config import ConfigError
+
+    path = out / "eval-config.json"
+    if not path.is_file():
+        return
+    previous = json.loads(path.read_text())
+    for key in ("policy", "attempts", "temperature", "seed", "task_ids"):
+        if previous.get(key) != header.get(key):
+            shown = "the task set" if key == "task_ids" else f"{key} = {previous.get(key)!r}"
+            raise ConfigError(f"--out {out}: it holds an eval with {shown}, this one differs; pass a new --out "
+                              "(nothing was touched)")
+
+
+async def _run(args, tasks: list, out: Path, header: dict, show) -> dict[str, Any]:
+    import secrets
+
+    import trio
+
+    from storage import EventLog
+
+    from ..backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+    from ..verification import Verifier, VerifierConfig
+    from ._runner import EvalPorts, NoopPolicy, OraclePolicy, play_attempt, run_policy_parts
+
+    log = EventLog.open(out / "log", create=not (out / "log").exists())
+    done = attempt_rows(log)
+    todo = [(t, a) for t in tasks for a in range(args.attempts) if (t.id, a) not in done]
+    if done:
+        show(f"resuming {out}: {len(done)} of {len(tasks) * args.attempts} attempts already finished, skipped")
+    by_id = {t.id: t for t in tasks}
+    sandbox_config = LocalSandboxConfig(**({"base_dir": args.sandbox_dir} if args.sandbox_dir else {}))
+    verifier = Verifier(VerifierConfig(**({"base_dir": args.verifier_dir} if args.verifier_dir else {})))
+    backend = LocalSandboxBackend(sandbox_config)
+    sampler_cm, routing = None, {}
+    if args.policy.startswith("run:"):  # its turns carry routing: the writer needs the policy's shape
+        model = run_policy_parts(args.policy, args.temperature)["config"].section("model")
+        routing = {"routing_shape": (model.num_layers, model.top_k), "num_experts": model.num_experts}
+    try:
+        with log.writer(f"eval-{secrets.token_hex(4)}", **routing) as writer:
+            ports = EvalPorts(tasks=by_id, sandbox_backend=backend, verifier=verifier, writer=writer, seed=args.seed)
+            if args.policy == "oracle":
+                policy = OraclePolicy()
+            elif args.policy == "noop":
+                policy = NoopPolicy()
+            else:
+                policy, sampler_cm = await _open_run_policy(args, ports, by_id)
+            finished = len(done)
+            limiter = trio.CapacityLimiter(max(1, args.concurrency))
+
+            async def one(task, attempt: int) -> None:
+                nonlocal finished
+                async with limiter:
+                    await play_attempt(ports, policy, task, attempt, "eval")
+                finished += 1
+                show(f"[{finished}/{len(tasks) * args.attempts}] {task.id} attempt {attempt} done")
+
+            async with trio.open_nursery() as nursery:
+                for task, attempt in todo:
+                    nursery.start_soon(one, task, attempt)
+    finally:
+        if sampler_cm is not None:
+            await sampler_cm.__aexit__(None, None, None)
+        verifier.close()
+        backend.close()
+    rows = attempt_rows(EventLog.open(out / "log"))
+    summary = summarise(rows, by_id, header={k: v for k, v in header.items() if k != "task_ids"})
+    summary["unhonoured"] = {r["task"]: r["unhonoured"] for r in summary["tasks"] if r.get("unhonoured")}
+    return summary
+
+
+async def _open_run_policy(args, ports, by_id):
+    import torch
+
+    from ..backends.sampler_backend import SamplerConfig
+    from ..backends.torch_sampler import TorchSampler
+    from ..policy import MoEPolicy
+    from ..policy.sampling import SamplingParams
+    from ..policy.tokenizer import load_tokenizer, special_token_ids
+    from ..trials import TrialRunner
+    from ._runner import RunPolicy, run_policy_parts
+
+    torch.set_num_threads(args.threads)
+    parts = run_policy_parts(args.policy, args.temperature)
+    tokenizer = load_tokenizer(parts["tokenizer"])
+    campaign = parts["config"].section("campaign")
+    policy = MoEPolicy.load(parts["weights"])
+    sampler_cm = TorchSampler.open(policy, config=SamplerConfig(max_batch=64), version=parts["version"])
+    sampler = await sampler_cm.__aenter__()
+    ports.sampler, ports.version = sampler, parts["version"]
+    ports.params = SamplingParams(max_new_tokens=campaign.max_new_tokens, temperature=parts["temperature"],
+                                  stop_ids=(special_token_ids(tokenizer)["<|im_end|>"],))
+    runner = TrialRunner(ports, by_id, tokenizer, campaign.rollout_limits(), run_tag="eval")
+    return RunPolicy(name=args.policy, temperature=parts["temperature"], runner=runner), sampler_cm
+
+
+def _compare(args, show) -> int:
+    from storage import EventLog
+
+    from ..config import ConfigError
+
+    logs = []
+    for run in args.compare:
+        if not (Path(run) / "log").exists():
+            raise ConfigError(f"--compare {run}: no eval log there ({Path(run) / 'log'})")
+        logs.append(attempt_rows(EventLog.open(Path(run) / "log")))
+    try:
+        change = compare(*logs)
+    except ValueError as exc:
+        raise ConfigError(f"--compare: {exc}") from None
+    low, high = change["reward_delta_ci95"]
+    show(f"| | {args.compare[0]} | {args.compare[1]} |\n|---|---|---|\n"
+         f"| resolved (paired attempts: {change['tasks']}) | {change['resolved_before']} | {change['resolved_after']} |\n\n"
+         f"gained {change['gained']}, lost {change['lost']} (exact McNemar p = {change['mcnemar_p']:.3g}); "
+         f"reward change {change['reward_delta']:+.3f} (95 % CI {low:+.3f} .. {high:+.3f})")
+    if args.json:
+        print(json.dumps(change))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import trio
+
+    from ..config import ConfigError
+
+    args = _parser().parse_args(argv)
+    show = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    try:
+        if args.compare:
+            return _compare(args, show)
+        if not args.tasks or not args.policy:
+            raise ConfigError("give --tasks DIR_OR_LIST and --policy (oracle | noop | run:RUN[@VERSION]), "
+                              "or --compare RUN_A RUN_B")
+        for prefix, why in REFUSED_POLICIES.items():
+            if args.policy.startswith(prefix):
+                raise ConfigError(f"--policy {args.policy}: {why}; use oracle, noop or run:RUN[@VERSION]")
+        if args.policy not in ("oracle", "noop") and not args.policy.startswith("run:"):
+            raise ConfigError(f"--policy {args.policy!r}: use oracle, noop or run:RUN[@VERSION]")
+        if args.attempts < 1 or args.concurrency < 1:
+            raise ConfigError("--attempts and --concurrency must be >= 1")
+        if args.policy.startswith("run:"):
+            from ._runner import run_policy_parts
+
+            args.temperature = run_policy_parts(args.policy, args.temperature)["temperature"]
+        tasks = load_task_set(args.tasks, args.filter)
+        out = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
+        header = _header(args, tasks)
+        _check_resume(out, header)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval-config.json").write_text(json.dumps(header, indent=2))
+        summary = trio.run(_run, args, tasks, out, header, show)
+    except ConfigError as exc:
+        print(f"t1-actor eval: {exc}", file=sys.stderr)
+        return 2
+    (out / "eval.json").write_text(json.dumps(summary, indent=2))
+    table = markdown(summary)
+    (out / "eval.md").write_text(table)
+    show(table + f"\nlog, summary and table: {out}/(log, eval.json, eval.md)")
+    if args.json:
+        print(json.dumps(summary))
+    return 0

@@ -1,0 +1,214 @@
+"""Playing (task, attempt) pairs: the policies, the ports that log every turn, exec and verification, the loop.
+
+A policy acts in an open sandbox; the loop around it is the same for all of them: ``TrialIssued``, the
+sandbox (a build failure is an infrastructure failure, recorded, never a 0), the policy within the task's
+own agent timeout, ``TrialEnded``, the task's tests (``VerifierResult``), the sandbox closed whatever
+happened (Ctrl-C included). A ``run:`` policy is the campaign's agent loop (``trials.TrialRunner``) on the
+run's weights, tokenizer and rollout limits, each turn seeded by ``trials.eval_seed(task, turn, attempt)``
+(mixed with ``--seed`` when it is not 0), so two evals of the same task set can be paired.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import trio
+
+from schemas import SamplerTurn, SandboxExec, TrialEnded, TrialIssued
+
+from ..backends._sandbox.interface import SandboxInfraError
+from ..rollout import Generation, ToolOutcome
+
+ORACLE_PATH = "/tmp/t1-oracle/solve.sh"
+
+
+def mixed_seed(seed: int, eval_seed: int) -> int:
+    """``--seed`` 0 keeps the campaign's eval draws; any other value gives another common-random stream."""
+    if seed == 0:
+        return eval_seed
+    digest = hashlib.blake2b(f"{seed}/{eval_seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 2
+
+
+class EvalPorts:
+    """``TrialPorts`` on engines in this process, appending every fact to the eval's log (one writer)."""
+
+    def __init__(self, *, tasks: dict, sandbox_backend, verifier, writer, sampler=None, params=None, seed: int = 0):
+        self.tasks, self.sandbox_backend, self.verifier = tasks, sandbox_backend, verifier
+        self.writer, self.sampler, self.params, self.seed = writer, sampler, params, seed
+        self.sandboxes: dict = {}
+        self._lock = trio.Lock()  # the writer is one thread's at a time
+        self.version = 0
+
+    async def log(self, *events) -> None:
+        async with self._lock:
+            def append() -> None:
+                for event in events:
+                    self.writer.append(event)
+                self.writer.commit()
+            await trio.to_thread.run_sync(append)
+
+    async def open_sandbox(self, trial_id: str, task_id: str) -> None:
+        self.sandboxes[trial_id] = await trio.to_thread.run_sync(self.sandbox_backend.open, self.tasks[task_id],
+                                                                 trial_id)
+
+    async def close_sandbox(self, trial_id: str) -> None:
+        sandbox = self.sandboxes.pop(trial_id, None)
+        if sandbox is not None:
+            await trio.to_thread.run_sync(sandbox.close)
+
+    async def execute(self, trial_id: str, turn: int, command: str, timeout_s: float) -> ToolOutcome:
+        try:
+            result = await trio.to_thread.run_sync(self.sandboxes[trial_id].exec, command, timeout_s)
+        except SandboxInfraError as exc:
+            await self.log(SandboxExec(trial_id=trial_id, turn=turn, command=command, exit_code=-1, stdout="",
+                                       stderr="", duration_s=0.0, infra_error=str(exc)))
+            return ToolOutcome(-1, "", str(exc))
+        await self.log(SandboxExec(trial_id=trial_id, turn=turn, command=command, exit_code=result.exit_code,
+                                   stdout=result.stdout, stderr=result.stderr, duration_s=result.duration_s,
+                                   stdout_truncated=result.stdout_truncated, stderr_truncated=result.stderr_truncated,
+                                   timed_out=result.timed_out))
+        return ToolOutcome(result.exit_code, result.stdout + result.stderr)
+
+    async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
+                       temperature: float | None = None) -> Generation:
+        from ..backends.sampler_backend import GenerateSpec
+
+        update: dict[str, Any] = {"seed": None if seed is None else mixed_seed(self.seed, seed)}
+        if temperature is not None:
+            update["temperature"] = temperature
+        params = self.params.model_copy(update=update)
+        [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), params)])
+        await self.log(SamplerTurn(trial_id=trial_id, turn=turn, prompt_ids=np.asarray(prompt_ids, np.int32),
+                                   sampled_ids=g.output_ids, sampler_logprobs=g.logprobs, routing=g.routing,
+                                   policy_version=g.policy_version, finish_reason=g.finish_reason,
+                                   temperature=params.temperature, top_p=params.top_p, sampler_id="eval"))
+        return Generation(g.output_ids, g.logprobs, g.routing, g.policy_version, g.finish_reason)
+
+    async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
+        for turn in range(64):
+            await self.sampler.cancel(f"{trial_id}/{turn}")
+
+    async def verify(self, trial_id: str, task_id: str):
+        sandbox = self.sandboxes[trial_id]
+        verification = await trio.to_thread.run_sync(self.verifier.verify, self.tasks[task_id], sandbox.trial_root)
+        event = verification.to_event()
+        await self.log(event)
+        return event
+
+    def learner_version(self) -> int:
+        return self.version
+
+
+class Policy(Protocol):
+    """What acts in a trial's open sandbox; returns how its loop ended (``TrialEnded.finish``), its assistant
+    turns and the infrastructure error that ended it, if one did."""
+
+    name: str
+    temperature: float | None
+
+    async def act(self, ports: EvalPorts, trial_id: str, task, attempt: int) -> tuple[str, int, str | None]: ...
+
+
+@dataclass
+class OraclePolicy:
+    """The task's own solution, run once: checks the harness and the tasks (its failures are the harness's)."""
+
+    name: str = "oracle"
+    temperature: float | None = None
+
+    async def act(self, ports, trial_id, task, attempt):
+        if task.oracle is None:
+            raise SandboxInfraError(f"task {task.id} has no oracle solution (Harbor: solution/solve.sh; "
+                                    "Terminal-Bench: solution.sh)")
+        sandbox = ports.sandboxes[trial_id]
+        await trio.to_thread.run_sync(sandbox.write_file, ORACLE_PATH, task.oracle.script.encode(), 0o755)
+        outcome = await ports.execute(trial_id, 0, f"if command -v bash >/dev/null; then bash {ORACLE_PATH}; "
+                                                   f"else sh {ORACLE_PATH}; fi", task.limits.agent_timeout_s)
+        return ("infra_error" if outcome.infra_error else "answered"), 0, outcome.infra_error
+
+
+@dataclass
+class NoopPolicy:
+    """Nothing at all: what passes by itself (a test that passes with no solution is a weak test)."""
+
+    name: str = "noop"
+    temperature: float | None = None
+
+    async def act(self, ports, trial_id, task, attempt):
+        return "answered", 0, None
+
+
+@dataclass
+class RunPolicy:
+    """A t1 run's policy at one version, through the campaign's agent loop."""
+
+    name: str
+    temperature: float
+    runner: Any = None  # trials.TrialRunner, wired by ``open_run_policy``
+
+    async def act(self, ports, trial_id, task, attempt):
+        rollout = await self.runner.play(trial_id, task.id, seeded=True, sample_index=attempt,
+                                         temperature=self.temperature)
+        return rollout.finish, len(rollout.turns), rollout.infra_error
+
+
+def run_policy_parts(spec: str, temperature: float | None) -> dict[str, Any]:
+    """``run:RUN[@VERSION]`` -> the run's config, tokenizer, weights directory and version (newest by default)."""
+    from ..campaign import tokenizer_path, weights_dir
+    from ..config import ConfigError, load_config
+
+    body = spec[len("run:"):]
+    run, _, version = body.partition("@")
+    run_dir = Path(run)
+    config_path = run_dir / "config.resolved.json"
+    if not config_path.is_file():
+        raise ConfigError(f"--policy {spec}: {config_path} not found; name a run directory t1-actor launch wrote")
+    versions = sorted(int(p.name[1:]) for p in (run_dir / "weights").glob("v[0-9]*") if p.is_dir())
+    if not versions:
+        raise ConfigError(f"--policy {spec}: no weights under {run_dir / 'weights'}")
+    try:
+        chosen = versions[-1] if not version else int(version)
+    except ValueError:
+        raise ConfigError(f"--policy {spec}: @{version} is not a version number (e.g. run:{run}@0)") from None
+    if chosen not in versions:
+        raise ConfigError(f"--policy {spec}: no version {chosen} in {run_dir / 'weights'} (it has {versions})")
+    config = load_config(config_path)
+    return {"config": config, "tokenizer": tokenizer_path(run_dir), "weights": weights_dir(run_dir, chosen),
+            "version": chosen, "temperature": config.section("sampler").temperature if temperature is None
+            else temperature}
+
+
+async def play_attempt(ports: EvalPorts, policy: Policy, task, attempt: int, run_tag: str) -> None:
+    """One (task, attempt): issued, sandbox, the policy within the agent timeout, ended, verified, closed."""
+    trial_id = f"{run_tag}-{task.id}-a{attempt}-{secrets.token_hex(3)}"
+    await ports.log(TrialIssued(trial_id=trial_id, task_id=task.id, split="eval", label="eval", sample=attempt,
+                                temperature=policy.temperature, policy_version_wanted=ports.version))
+    start = time.monotonic()
+    try:
+        try:
+            await ports.open_sandbox(trial_id, task.id)
+        except SandboxInfraError as exc:
+            await ports.log(TrialEnded(trial_id=trial_id, finish="infra_error", infra_error=str(exc),
+                                       duration_s=time.monotonic() - start))
+            return
+        unhonoured = list(ports.sandboxes[trial_id].build.unhonoured)
+        finish, turns, infra = "timeout", 0, None
+        with trio.move_on_after(task.limits.agent_timeout_s):
+            try:
+                finish, turns, infra = await policy.act(ports, trial_id, task, attempt)
+            except SandboxInfraError as exc:
+                finish, infra = "infra_error", str(exc)
+        await ports.log(TrialEnded(trial_id=trial_id, finish=finish, turns=turns, infra_error=infra,
+                                   duration_s=time.monotonic() - start, unhonoured=unhonoured))
+        if infra is None:
+            await ports.verify(trial_id, task.id)
+    finally:
+        with trio.CancelScope(shield=True):
+            await ports.close_sandbox(trial_id)
