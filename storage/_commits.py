@@ -20,8 +20,9 @@ import google_crc32c
 
 from . import _store
 from ._format import COMMIT_BATCH, commit_key, segment_dir
+from ._lease import conditional_put, is_s3
 from ._packed import PackedStore, pwrite_all
-from .errors import CorruptionError
+from .errors import CorruptionError, WriterBusy
 
 COMMIT_FILE = "commits.log"
 _FRAME = 8  # u32 length + u32 crc32c, little endian
@@ -49,9 +50,17 @@ class KeyCommits:
             batch = COMMIT_BATCH
 
     def append(self, record: bytes) -> list[str]:
-        """Write the next record; returns the keys to fsync."""
+        """Write the next record; returns the keys to fsync. On S3 the record is created only if absent:
+        two writers of one segment can never both commit record n."""
         key = commit_key(self.writer_id, self.count)
-        _store.put(self._store, key, record)
+        if is_s3(self._store):
+            try:
+                conditional_put(self._store, key, record)
+            except FileExistsError:
+                raise WriterBusy(f"segment {self.writer_id!r}: commit record {self.count} was written by another "
+                                 "writer of this segment; this writer stops (one writer per segment)") from None
+        else:
+            _store.put(self._store, key, record)
         self.count += 1
         return [key]
 

@@ -39,7 +39,14 @@ def open_store(location: Any) -> Store:
     if isinstance(location, (str, os.PathLike)):
         text = os.fspath(location)
         if "://" in text and not text.startswith("file://"):
-            return zarr.storage.FsspecStore.from_url(text)
+            from ._lease import check_bucket, is_s3
+
+            # a log is read while it grows: fsspec's cached directory listings would hide new segments
+            options = {"use_listings_cache": False} if text.startswith(("s3://", "s3a://")) else None
+            store = zarr.storage.FsspecStore.from_url(text, storage_options=options)
+            if is_s3(store):
+                check_bucket(store, text)
+            return store
         return PackedStore(text.removeprefix("file://"))
     raise TypeError(f"cannot open an event log on {type(location).__name__}; "
                     "pass a directory path, an fsspec URL or a zarr Store")
@@ -150,15 +157,19 @@ def list_dir(store: Store, prefix: str) -> list[str]:
 
 class WriterLock:
     """Holds a segment for one writer. On a LocalStore an ``flock`` (freed by the kernel when the
-    process dies, so a killed writer's segment reopens without manual steps); in every store a
+    process dies, so a killed writer's segment reopens without manual steps); on S3 a lease object
+    (``_lease.S3Lease``: conditional puts, a killed writer's lease expires); in every store a
     per-process registry so one process cannot open the same segment twice."""
 
     _held: set[tuple[int, str]] = set()
     _guard = threading.Lock()
 
-    def __init__(self, store: Store, segment_dir: str, writer_id: str):
+    def __init__(self, store: Store, segment_dir: str, writer_id: str, *, lease_s: float = 30.0):
+        from ._lease import S3Lease, is_s3
+
         self._key = (id(store), writer_id)
         self._fd: int | None = None
+        self._lease = None
         with self._guard:
             if self._key in self._held:
                 raise WriterBusy(f"segment {writer_id!r} already has an open writer in this process; "
@@ -177,12 +188,26 @@ class WriterLock:
                 raise WriterBusy(f"segment {writer_id!r} at {path.parent} is held by another live process; "
                                  "give each actor instance its own writer id") from None
             self._fd = fd
+        elif is_s3(store):  # no flock on an object store: a lease taken by conditional put (_lease.py)
+            try:
+                self._lease = S3Lease(store, segment_dir, writer_id, lease_s)
+            except BaseException:
+                self._release_registry()
+                raise
+
+    def before_commit(self) -> None:
+        """Called before each commit record: on S3 the lease is renewed, or the commit refused."""
+        if self._lease is not None:
+            self._lease.renew()
 
     def _release_registry(self) -> None:
         with self._guard:
             self._held.discard(self._key)
 
     def release(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -40,7 +40,7 @@ class SegmentWriter:
         self._lock = threading.RLock()  # aappend/acommit run in worker threads
         self._broken: str | None = None
         self._fsync = _store.Fsync(store, config.fsync)
-        self._holder = _store.WriterLock(store, segment_dir(writer_id), writer_id)
+        self._holder = _store.WriterLock(store, segment_dir(writer_id), writer_id, lease_s=config.lease_s)
         try:
             self._open(routing)
         except BaseException:
@@ -209,6 +209,9 @@ class SegmentWriter:
             if not self._pending_headers:
                 return 0
             try:
+                # S3: the lease still ours (renewed) before any chunk is written, else refused here, so a
+                # writer that stalled past its lease cannot overwrite its successor's chunks
+                self._holder.before_commit()
                 streams = self._streams.values()
                 _store.write_chunks([w for stream in streams for w in stream.commit_writes()])
                 if self._config.fsync:

@@ -40,6 +40,8 @@ class StorageConfig(BaseModel):
                                    "(fallocate; ~1.35x faster writes on ext4, used there only); 0 turns it off")
     fsync: bool = Field(False, description="fsync chunks and commit records (survive a power cut, not only a "
                         "killed process); LocalStore only, object stores are durable on put")
+    lease_s: float = Field(30.0, ge=0.5, description="object stores (S3): a writer's lease on its segment; a "
+                           "killed writer's segment reopens this long after its last commit (storage/_lease.py)")
     cache_chunks: int = Field(32, ge=1, description="decoded header chunks a reader keeps")
     readahead_chunks: int = Field(8, ge=1, description="header chunks a reader fetches at once on a miss")
     read_block_bytes: int = Field(16 << 20, ge=0, description="payload bytes a reader fetches in one read per "

@@ -20,9 +20,12 @@ from storage_helpers import EXPERTS, K, LAYERS, TINY_CHUNKS, mixed_event, sample
 ROUTING = dict(routing_shape=(LAYERS, K), num_experts=EXPERTS)
 
 
-@pytest.fixture(params=["local", "memory", "fsspec", "local-fsync"])
+@pytest.fixture(params=["local", "memory", "fsspec", "local-fsync", "s3"])
 def log(request, tmp_path) -> EventLog:
-    """The same log API on a directory, an in-memory zarr store, an fsspec URL, and with fsync on."""
+    """The same log API on a directory, an in-memory zarr store, an fsspec URL, with fsync on, and on a
+    real S3-API server (moto's server mode on a loopback port)."""
+    if request.param == "s3":
+        return EventLog.open(request.getfixturevalue("s3_url"), create=True, config=TINY_CHUNKS)
     location = {"local": tmp_path / "log", "local-fsync": tmp_path / "log", "memory": zarr.storage.MemoryStore(),
                 "fsspec": f"memory://t1-tests/{uuid.uuid4().hex}"}[request.param]
     config = TINY_CHUNKS.model_copy(update={"fsync": request.param == "local-fsync"})
