@@ -48,9 +48,9 @@ CHATS = {
         {"role": "user", "content": "Now the lines, please."},
         {"role": "assistant", "content": "Sure.", "reasoning_content": "wc -l this time"},
     ],
-    "odd_fields": [  # OpenAI-style calls, JSON-string arguments, None content, quotes and unicode
+    "odd_fields": [  # OpenAI-style calls, JSON-string arguments, quotes and unicode
         SYSTEM, USER,
-        {"role": "assistant", "content": None, "tool_calls": [
+        {"role": "assistant", "content": "", "tool_calls": [
             {"type": "function", "function": {"name": "bash", "arguments": {"command": "echo \"héllo <b> & 'x'\""}}},
             {"name": "bash", "arguments": json.dumps({"command": "printf '%s\\n' a\tb"})}]},
         {"role": "tool", "content": "héllo <b> & 'x'"}, {"role": "tool", "content": "a\tb"},
@@ -103,9 +103,9 @@ def test_an_hf_dir_with_a_custom_template_renders_as_transformers_does(tmp_path)
     shutil.copyfile(DEFAULT_TOKENIZER, tmp_path / "tokenizer.json")
     template = ("{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
                 "{{ raise_exception('bad role ' + m.role) }}{% endif %}{% if loop.index > 3 %}{% break %}{% endif %}"
-                "{{ m.role }}: {{ m.content | tojson }}\n  {{ m | tojson(indent=2, sort_keys=true) }}\n"
+                "{{ m.role }}: {{ (m.content if m.content is defined else 'dropped') | tojson }}\n  {{ m | tojson(indent=2, sort_keys=true) }}\n"
                 "{% endfor %}{% if add_generation_prompt %}{{ bos_token }}{{ eos_token }}{% endif %}")
-    config = {"chat_template": template, "eos_token": "<|im_end|>", "bos_token": {"content": "<|im_start|>"},
+    config = {"chat_template": template, "eos_token": "<|im_end|>", "bos_token": {"__type": "AddedToken", "content": "<|im_start|>", "special": True},
               "tokenizer_class": "PreTrainedTokenizerFast"}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     ours, ref = load_tokenizer(tmp_path), AutoTokenizer.from_pretrained(str(tmp_path))
@@ -140,7 +140,7 @@ def test_qwen3_tool_calls_parse_into_the_sandbox_command(tok):
     re-rendered history carries the same call text."""
     command = "grep -c 'a \"b\"' /app/x.txt | tee /app/n.txt"
     rendered = tok.apply_chat_template([USER, {"role": "assistant", "content": "", "tool_calls": [call(command)]}])
-    sampled = rendered.split("<|im_start|>assistant\n", 1)[1]
+    sampled = rendered[rendered.index("<tool_call>"):]  # the last turn renders an empty think block before it
     for text in (sampled, "<think>\nI grep.\n</think>\n\n" + sampled,
                  '<tool_call>{"name": "bash", "arguments": "{\\"command\\": \\"ls\\"}"}</tool_call><|im_end|>'):
         message = assistant_message(text)
