@@ -15,6 +15,7 @@ Scenarios (how the scripted sampler writes each assistant turn; the harness is t
 
 from __future__ import annotations
 
+import difflib
 import json
 import random
 import sys
@@ -72,16 +73,18 @@ def play(tok: ChatTokenizer, instruction: str, commands: list[str], scenario: st
     return turns
 
 
-def changed_tokens(prev: tito.Turn, next_prompt: np.ndarray) -> int:
-    """Tokens of p_i ++ a_i (what the sampler saw) that p_{i+1} does not repeat as a prefix: what the template's
-    re-render changed at this boundary."""
+def changed_tokens(prev: tito.Turn, next_prompt: np.ndarray) -> tuple[int, int]:
+    """What the template's re-render changed at a boundary, in tokens of p_i ++ a_i (what the sampler saw):
+    (past the point where p_{i+1} stops repeating it as a prefix, not matched by a diff against p_{i+1})."""
     seen = np.concatenate([prev.prompt_ids, prev.sampled_ids])
-    return len(seen) - tito._common_prefix(seen, next_prompt)
+    matcher = difflib.SequenceMatcher(None, seen.tolist(), next_prompt.tolist(), autojunk=False)
+    matched = sum(block.size for block in matcher.get_matching_blocks())
+    return len(seen) - tito._common_prefix(seen, next_prompt), len(seen) - matched
 
 
 def measure(tok: ChatTokenizer, tasks: list, oracle, repairs=tito.REPAIRS) -> dict[str, dict[str, Any]]:
-    """Per scenario over ``tasks``: boundary case counts, template-changed tokens (total, max), the repaired
-    context mismatch, loss-region drift (0) and how many trials were fully strict."""
+    """Per scenario over ``tasks``: boundary case counts and shares, template-changed tokens (``changed_tokens``:
+    totals, the largest diff at one boundary), the repaired context mismatch and the loss-region drift (0)."""
     out = {}
     for scenario in SCENARIOS:
         cases, changed, mismatch, drift, chunks_n, boundaries = Counter(), [], 0, 0, 0, 0
@@ -98,8 +101,9 @@ def measure(tok: ChatTokenizer, tasks: list, oracle, repairs=tito.REPAIRS) -> di
         out[scenario] = {"trials": len(tasks), "boundaries": boundaries, "chunks": chunks_n,
                          "cases": {c: cases[c] for c in tito.CASES},
                          "shares": {c: round(cases[c] / boundaries, 3) for c in tito.CASES},
-                         "template_changed_tokens": sum(changed), "max_changed_per_boundary": max(changed),
-                         "changed_boundaries": sum(1 for c in changed if c), "context_mismatch_tokens": mismatch,
+                         "changed_boundaries": sum(1 for c, _ in changed if c),
+                         "past_prefix_tokens": sum(c for c, _ in changed), "diff_tokens": sum(d for _, d in changed),
+                         "max_diff_per_boundary": max(d for _, d in changed), "context_mismatch_tokens": mismatch,
                          "drift_tokens": drift}
     return out
 
