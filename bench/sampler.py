@@ -33,7 +33,7 @@ def _prompts(batch: int) -> list[list[int]]:
     rng = np.random.default_rng(0)
     out = []
     for chat in chats:
-        ids = tokenizer.encode(chat).ids
+        ids = tokenizer.encode(chat)
         out.append(ids[: int(rng.integers(len(ids) // 3, len(ids) + 1))])
     return out
 

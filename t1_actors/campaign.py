@@ -83,9 +83,10 @@ def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int):
     from .policy.tokenizer import train_tokenizer
     from .warmstart import chat_corpus
 
-    tokenizer = train_tokenizer(chat_corpus(train_tasks), vocab)
-    tokenizer.save(str(tokenizer_path(run_dir)))
-    return tokenizer
+    from .policy import load_tokenizer
+
+    train_tokenizer(chat_corpus(train_tasks), vocab).save(str(tokenizer_path(run_dir)))
+    return load_tokenizer(tokenizer_path(run_dir))  # exactly what the run's actors will load
 
 
 def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -> tuple[Any, dict[str, Any]]:
@@ -354,7 +355,7 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
         if config.section("eval").sft_passes == "warm_start":
             check_warm_start_passes(Path(campaign.warm_start_from), config)
         tokenizer, policy, sft = reuse_warm_start(Path(campaign.warm_start_from), run_dir)
-        config = _with_vocab(config, tokenizer.get_vocab_size())
+        config = _with_vocab(config, tokenizer.vocab_size)
         if policy.config != config.section("model"):
             raise ValueError(f"[campaign] warm_start_from: the policy in {campaign.warm_start_from} has model "
                              f"{policy.config.model_dump()}, the config asks for {config.section('model').model_dump()}; "
@@ -363,8 +364,8 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
     else:
         with console.status("[bold]2/5 tokenizer[/]"):
             tokenizer = train_run_tokenizer(run_dir, tasks.sft, campaign.tokenizer_vocab)
-        console.log(f"tokenizer: {tokenizer.get_vocab_size()} ids -> {tokenizer_path(run_dir)}")
-        config = _with_vocab(config, tokenizer.get_vocab_size())
+        console.log(f"tokenizer: {tokenizer.vocab_size} ids -> {tokenizer_path(run_dir)}")
+        config = _with_vocab(config, tokenizer.vocab_size)
         timings["prepare_s"] = time.monotonic() - started
         sft_start = time.monotonic()
         policy, sft = sft_with_progress(config, tasks, tokenizer, campaign, console)

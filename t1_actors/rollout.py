@@ -20,6 +20,8 @@ import numpy as np
 
 from .policy.chat_template import parse_tool_calls, render_chat
 
+Render = Callable[..., str]  # (messages, add_generation_prompt=...) -> text, e.g. ChatTokenizer.apply_chat_template
+
 SYSTEM_PROMPT = "You are a shell agent. Run one bash command per turn with a tool call. Answer done when finished."
 
 
@@ -89,7 +91,13 @@ def truncate_output(text: str, limit: int) -> str:
 
 
 def assistant_message(text: str) -> dict[str, Any]:
-    """Parse a sampled assistant text into the message the harness keeps (content + parsed tool calls)."""
+    """Parse a sampled assistant text into the message the harness keeps (content + parsed tool calls).
+
+    Tool calls are ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` JSON, the form of t1's template
+    and of Qwen3's (newlines around the JSON optional, ``arguments`` may be JSON-encoded twice). The content is
+    the text before the first call, stripped; a ``<think>...</think>`` block stays in it, so a template that
+    splits reasoning out (Qwen3's) sees it. The sampled ids themselves are never altered (TITO trains on them).
+    """
     calls = parse_tool_calls(text) or []
     content = text.split("<tool_call>", 1)[0].strip()
     message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -107,12 +115,14 @@ async def run_trial(
     decode: Callable[[list[int]], str],
     limits: RolloutLimits = RolloutLimits(),
     rollout: TrialRollout | None = None,
+    render: Render = render_chat,
 ) -> TrialRollout:
     """Play one trial, appending to ``rollout`` in place as turns complete.
 
     Passing the caller's ``rollout`` keeps the partial trial reachable when the caller cancels it, and
     continues a cancelled trial later with its turns (and their policy versions) kept: commands of an
-    assistant turn whose output never arrived are run first.
+    assistant turn whose output never arrived are run first. ``render`` is the chat template (t1's own by
+    default; ``ChatTokenizer.apply_chat_template`` for an HF tokenizer's).
     """
     rollout = rollout if rollout is not None else TrialRollout()
     if not rollout.messages:
@@ -122,7 +132,7 @@ async def run_trial(
         if not await _run_commands(rollout, rollout.turns[-1].commands, len(rollout.turns) - 1, execute, limits):
             return rollout
     for turn in range(len(rollout.turns), limits.max_turns):
-        prompt_text = render_chat(rollout.messages, add_generation_prompt=True)
+        prompt_text = render(rollout.messages, add_generation_prompt=True)
         prompt_ids = np.asarray(encode(prompt_text), dtype=np.int32)
         if len(prompt_ids) + limits.max_new_tokens > limits.max_context:
             rollout.finish = "context"

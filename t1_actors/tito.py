@@ -245,8 +245,9 @@ def assemble(turns: Sequence[TurnLike], tokenizer: Any, *, reward: float,
     """Assemble a trial's turns into TITO chunks (one unless a boundary splits), each checked for drift.
 
     ``turns`` in order, each with the prompt ids the sampler saw, the ids it sampled, their logprobs, routing
-    and policy version (``Turn`` or ``schemas.SamplerTurn``). ``tokenizer`` is an HF ``tokenizers.Tokenizer``
-    (or a transformers fast tokenizer); it is used only for the retokenized case. Every chunk carries ``reward``.
+    and policy version (``Turn`` or ``schemas.SamplerTurn``). ``tokenizer`` is what ``policy.load_tokenizer``
+    returns, an HF ``tokenizers.Tokenizer`` or a transformers fast tokenizer (anything with a
+    ``backend_tokenizer``); it is used only for the retokenized case. Every chunk carries ``reward``.
 
     ``repairs``: the cases tried between strict and split. With none (``()``) every loss token is trained on
     exactly the context the sampler saw, so a PPO ratio against the sampler's logprobs is exact; a repaired
@@ -497,7 +498,7 @@ def _backend(tokenizer: Any) -> Any:
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     if not (hasattr(backend, "encode") and hasattr(backend, "decode")):
         raise TitoError(f"tokenizer {type(tokenizer).__name__} is not an HF tokenizers.Tokenizer "
-                        "(load one with tokenizers.Tokenizer.from_file('tokenizer.json'))")
+                        "(load one with t1_actors.policy.load_tokenizer)")
     return backend
 
 

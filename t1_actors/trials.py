@@ -20,6 +20,7 @@ import trio
 from schemas import EvalResult, StalenessDecision, TrialIssued, VerifierResult
 
 from . import tito
+from .policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
 from .admission import LengthBias, StalenessConfig, admit, policy_lag, wilson_interval
 from .rollout import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
 
@@ -76,7 +77,10 @@ class TrialRunner:
 
     def __init__(self, ports: TrialPorts, tasks: dict[str, Any], tokenizer, limits: RolloutLimits, run_tag: str = "t",
                  tito_repairs: Sequence[str] = ()):
-        self.ports, self.tasks, self.tokenizer, self.limits = ports, tasks, tokenizer, limits
+        self.ports, self.tasks, self.limits = ports, tasks, limits
+        self.tokenizer = as_chat_tokenizer(tokenizer)  # a bare tokenizers.Tokenizer is t1's own BPE
+        tools = None if self.tokenizer.chat_template is None else [BASH_TOOL]  # an HF template lists the tool
+        self.render = partial(self.tokenizer.apply_chat_template, tools=tools)
         self.tito_repairs = tuple(tito_repairs)  # () = exact sampler contexts (split where not strict)
         self._ids = itertools.count()
         self.run_tag = run_tag
@@ -105,9 +109,8 @@ class TrialRunner:
 
         limits = RolloutLimits(**{**self.limits.__dict__, "max_turns": min(self.limits.max_turns, task.limits.max_turns)})
         return await run_trial(task.instruction, sample=sample, execute=execute,
-                               encode=lambda text: self.tokenizer.encode(text, add_special_tokens=False).ids,
-                               decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
-                               limits=limits, rollout=rollout)
+                               encode=self.tokenizer.encode, decode=self.tokenizer.decode,
+                               limits=limits, rollout=rollout, render=self.render)
 
     async def finish(self, trial_id: str, task_id: str, rollout: TrialRollout, *, assemble: bool,
                      sandbox_id: str | None = None) -> TrialOutcome:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .policy.chat_template import render_chat
+from .policy.chat_tokenizer import as_chat_tokenizer
 from .rollout import first_messages, truncate_output
 from .tasks import oracle_trajectory
 
@@ -39,24 +40,31 @@ def oracle_messages(instruction: str, commands: list[str], outputs: list[str], t
     return messages
 
 
-def assistant_spans(messages: list[dict[str, Any]]) -> list[tuple[int, int]]:
-    """Character spans of every assistant turn's body and its <|im_end|> in ``render_chat(messages)``."""
+def assistant_spans(messages: list[dict[str, Any]], render: Callable[..., str] = render_chat) -> list[tuple[int, int]]:
+    """Character spans of every assistant turn's body and its <|im_end|> in ``render(messages)``.
+
+    Needs a template whose renders of a chat's prefixes are prefixes of the whole render (t1's is); raises
+    ``ValueError`` where not (Qwen3's drops the reasoning of turns before a later user query)."""
     spans = []
+    full = render(messages)
     for i, message in enumerate(messages):
         if message["role"] == "assistant":
-            start = len(render_chat(messages[:i], add_generation_prompt=True))
-            end = len(render_chat(messages[: i + 1])) - 1  # keep <|im_end|>, not the newline after it
-            spans.append((start, end))
+            opened, closed = render(messages[:i], add_generation_prompt=True), render(messages[: i + 1])
+            if not full.startswith(opened) or not full.startswith(closed.rstrip("\n")):
+                raise ValueError(f"message {i}: the template renders this chat's prefix differently from the whole "
+                                 "chat, so assistant spans are not defined")
+            spans.append((len(opened), len(closed) - 1))  # keep <|im_end|>, not the newline after it
     return spans
 
 
 def sft_example(messages: list[dict[str, Any]], tokenizer) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of the rendered chat and a mask that is 1 on the assistant's tokens (what SFT learns)."""
-    text = render_chat(messages)
-    encoding = tokenizer.encode(text, add_special_tokens=False)
+    tokenizer = as_chat_tokenizer(tokenizer)
+    text = tokenizer.apply_chat_template(messages)
+    encoding = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
     ids = np.asarray(encoding.ids, dtype=np.int64)
     mask = np.zeros(len(ids), dtype=np.float32)
-    spans = assistant_spans(messages)
+    spans = assistant_spans(messages, tokenizer.apply_chat_template)
     for j, (start, _end) in enumerate(encoding.offsets):
         if any(s <= start < e for s, e in spans):
             mask[j] = 1.0

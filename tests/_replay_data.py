@@ -73,7 +73,7 @@ def _sample_turn(sampler: MoEPolicy, tokenizer, prompt: list[int], seed: int, st
 
 def build_run(root: Path, *, trials: int = 3, turns: int = 2, router_noise: float = 0.0, seed: int = 0) -> Path:
     torch.manual_seed(seed)
-    tokenizer = default_tokenizer()
+    tokenizer = default_tokenizer().backend_tokenizer  # the bare tokenizers.Tokenizer
     root.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(root / "tokenizer.json"))
     config = tiny_config(tokenizer.get_vocab_size())

@@ -77,7 +77,11 @@ def test_train_tokenizer_has_specials_first_and_roundtrips(tmp_path):
     assert encoded[0] == 1 and encoded[-1] == 3  # special tokens are atomic
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     again = load_tokenizer(tmp_path)
-    assert again.encode(text).ids == ids
+    assert again.encode(text) == ids and again.decode(ids) == text
+    assert again.apply_chat_template(CHAT, add_generation_prompt=True) == render_chat(CHAT, add_generation_prompt=True)
+    again.save(tmp_path / "copy.json")  # t1's own saves the same tokenizer.json bytes
+    tokenizer.save(str(tmp_path / "direct.json"))
+    assert (tmp_path / "copy.json").read_bytes() == (tmp_path / "direct.json").read_bytes()
     with pytest.raises(ValueError, match="vocab_size"):
         train_tokenizer(["x"], vocab_size=100)
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
@@ -88,10 +92,10 @@ def test_committed_default_fits_the_default_model():
     from t1_actors.policy import ModelConfig
 
     tokenizer = default_tokenizer()
-    assert tokenizer.get_vocab_size() <= ModelConfig().vocab_size
+    assert tokenizer.vocab_size <= ModelConfig().vocab_size
     assert set(special_token_ids(tokenizer)) == set(SPECIAL_TOKENS)
     text = render_chat(CHAT)
-    assert len(tokenizer.encode(text).ids) < len(text) / 2.5  # BPE actually merges shell text
+    assert len(tokenizer.encode(text)) < len(text) / 2.5  # BPE actually merges shell text
 
 
 def test_cli_trains_from_jsonl(tmp_path):

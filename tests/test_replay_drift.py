@@ -128,7 +128,7 @@ def test_loss_region_drift_counts_insertions():
 def test_rerender_aligns_a_noncanonical_segmentation():
     from t1_actors.policy.tokenizer import default_tokenizer
 
-    tok = default_tokenizer()
+    tok = default_tokenizer().backend_tokenizer
     canonical = np.array(tok.encode("hello world", add_special_tokens=False).ids, dtype=np.int32)
     # spell the same text one byte-token at a time: same bytes, other ids
     pieces = b"".join(token_bytes(tok, canonical))

@@ -6,9 +6,13 @@
     gens = generate(policy, prompts, SamplingParams(max_new_tokens=64, temperature=1.0, seed=0))
     policy.save(dir)                                      # HF Qwen3-MoE layout (transformers, SGLang load it)
 
-Tokenizer: ``t1_actors.policy.tokenizer``; chat template: ``t1_actors.policy.chat_template``.
+    tok = load_tokenizer(path)                           # t1's tokenizer.json or an HF dir (chat template too)
+
+Tokenizer: ``t1_actors.policy.chat_tokenizer`` (loading, HF templates), ``t1_actors.policy.tokenizer``
+(t1's BPE); t1's own chat template: ``t1_actors.policy.chat_template``.
 """
 
+from .chat_tokenizer import ChatTokenizer, load_tokenizer
 from .config import ModelConfig
 from ._hf import from_pretrained
 from .kv_cache import KVCache
@@ -16,5 +20,5 @@ from .model import MoEBackbone, MoEPolicy, PolicyOutput
 from .routing import r3_gate, topk_gate
 from .sampling import ContinuousBatcher, Generation, SamplingParams, generate
 
-__all__ = ["ModelConfig", "MoEPolicy", "MoEBackbone", "PolicyOutput", "KVCache", "from_pretrained",
+__all__ = ["ChatTokenizer", "load_tokenizer", "ModelConfig", "MoEPolicy", "MoEBackbone", "PolicyOutput", "KVCache", "from_pretrained",
            "r3_gate", "topk_gate", "ContinuousBatcher", "Generation", "SamplingParams", "generate"]

@@ -1,8 +1,11 @@
 """Byte-level BPE tokenizer (Hugging Face ``tokenizers``) with the chat template's special tokens.
 
     tok = train_tokenizer(texts, vocab_size=1024)      # e.g. rendered chats of the task corpus
-    tok = load_tokenizer("path/to/tokenizer.json")     # any HF tokenizer.json (or a directory holding one)
+    tok = load_tokenizer("path/to/tokenizer.json")     # a ChatTokenizer (also HF dirs: see chat_tokenizer)
     tok = default_tokenizer()                          # the small committed default (generic shell chats)
+
+``train_tokenizer`` returns the bare ``tokenizers.Tokenizer``; ``load_tokenizer`` (from ``chat_tokenizer``)
+and ``default_tokenizer`` return a ``ChatTokenizer`` (encode/decode/apply_chat_template).
 
     python -m t1_actors.policy.tokenizer --out tokenizer.json [--vocab-size 1024] [--texts FILE ...]
 
@@ -20,13 +23,10 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .chat_template import (
-    END_OF_TEXT, IM_END, IM_START, THINK_CLOSE, THINK_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN,
-    TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, render_chat,
-)
+from .chat_template import render_chat
+from .chat_tokenizer import MARKERS, ChatTokenizer, as_chat_tokenizer, load_tokenizer
 
-SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, THINK_OPEN, THINK_CLOSE,
-                  TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE]
+SPECIAL_TOKENS = list(MARKERS)  # the chat template's markers, ids 0.. in this order
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tokenizer.json"
 
 
@@ -44,26 +44,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> Tokenizer:
     return tokenizer
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Any Hugging Face ``tokenizer.json`` (the file, or a model directory that holds one)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; pass a tokenizer.json or a directory holding one "
-                                "(train one with `python -m t1_actors.policy.tokenizer --out ...`)")
-    return Tokenizer.from_file(str(path))
-
-
-def default_tokenizer() -> Tokenizer:
+def default_tokenizer() -> ChatTokenizer:
     """The committed default, trained on rendered chats of generic shell work (``generic_shell_chats``)."""
     return load_tokenizer(DEFAULT_TOKENIZER)
 
 
-def special_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
-    """Id of each special token the tokenizer knows (chat template markers, end of text)."""
-    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
-    return {token: i for token, i in ids.items() if i is not None}
+def special_token_ids(tokenizer: ChatTokenizer | Tokenizer) -> dict[str, int]:
+    """Id of each special token the tokenizer knows (chat template markers, end of text; for an HF
+    tokenizer also its named special tokens)."""
+    return as_chat_tokenizer(tokenizer).special_token_ids()
 
 
 def generic_shell_chats(n: int, seed: int = 0) -> Iterator[str]:
