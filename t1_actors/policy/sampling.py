@@ -13,7 +13,9 @@ Routing is recorded for every token fed to the model: all prompt positions and e
 but the last (never fed back): ``[len(prompt) + len(output) - 1, layers, k]``, one byte per id for
 <= 256 experts. A sequence added with a ``session`` (its trial) leaves its keys/values behind when it
 finishes; the session's next turn, whose prompt extends them, prefills only the new tokens and reuses
-the routing recorded for the kept ones (``_prefix_cache.py``). Sampling is seedable per sequence (a per-sequence generator, so a sequence's draws do
+the routing recorded for the kept ones (``_prefix_cache.py``); models whose cache holds recurrent
+states (Qwen3.5's DeltaNet layers, ``supports_prefix_reuse = False``) always prefill the whole prompt.
+Sampling is seedable per sequence (a per-sequence generator, so a sequence's draws do
 not depend on what else is in the batch).
 """
 
