@@ -117,6 +117,8 @@ class MoEBackbone(nn.Module):
 class MoEPolicy(nn.Module):
     """Causal LM over ``MoEBackbone`` (transformers' ``Qwen3MoeForCausalLM``, parameter for parameter)."""
 
+    supports_prefix_reuse = True  # the sampler may keep a finished turn's KV columns for the next turn
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config

@@ -13,7 +13,9 @@ Routing is recorded for every token fed to the model: all prompt positions and e
 but the last (never fed back): ``[len(prompt) + len(output) - 1, layers, k]``, one byte per id for
 <= 256 experts. A sequence added with a ``session`` (its trial) leaves its keys/values behind when it
 finishes; the session's next turn, whose prompt extends them, prefills only the new tokens and reuses
-the routing recorded for the kept ones (``_prefix_cache.py``). Sampling is seedable per sequence (a per-sequence generator, so a sequence's draws do
+the routing recorded for the kept ones (``_prefix_cache.py``); models whose cache holds recurrent
+states (Qwen3.5's DeltaNet layers, ``supports_prefix_reuse = False``) always prefill the whole prompt.
+Sampling is seedable per sequence (a per-sequence generator, so a sequence's draws do
 not depend on what else is in the batch).
 """
 
@@ -157,7 +159,11 @@ class ContinuousBatcher:
         self._last: torch.Tensor | None = None  # [B] last sampled token of each row
         self._seed_source = np.random.default_rng()
         self._id_dtype = routing_dtype(self.config.num_experts)
-        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        # Prefix reuse keeps a finished row's KV columns and prefills the next turn's new tokens after
+        # them, left-padded inside the batch. A recurrent (DeltaNet) state cannot be cut to columns nor
+        # skip such a padding gap, so models without ``supports_prefix_reuse`` (Qwen3.5) always re-prefill.
+        reuse = prefix_cache_tokens > 0 and model.supports_prefix_reuse
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if reuse else None
         self.reused_tokens = 0  # prompt tokens not prefilled thanks to the prefix cache (a counter)
 
     # -- public ---------------------------------------------------------------------------------
@@ -194,7 +200,7 @@ class ContinuousBatcher:
             raise RuntimeError(f"{len(self._rows)} sequences are mid-generation; drain them (step(admit=False)) "
                                "before swapping the model, or one generation would mix two policies")
         if model.config != self.config:
-            raise ValueError("the new policy has another shape (ModelConfig differs); start a new sampler")
+            raise ValueError("the new policy has another shape (its config differs); start a new sampler")
         dtype = self.model.lm_head.weight.dtype
         self.model = (copy.deepcopy(model).to(dtype) if model.lm_head.weight.dtype != dtype else model).eval()
         if self.prefix_cache is not None:
@@ -229,9 +235,12 @@ class ContinuousBatcher:
     def _prefill(self, seqs: list[_Sequence], kept: list[Retained | None]):
         config = self.config
         weight = self.model.lm_head.weight
-        cache = KVCache.from_prefixes([(r.keys, r.values) if r else None for r in kept],
-                                      num_layers=config.num_layers, kv_heads=config.num_kv_heads,
-                                      head_dim=config.head_dim, capacity=64, dtype=weight.dtype)
+        if any(r is not None for r in kept):
+            cache = KVCache.from_prefixes([(r.keys, r.values) if r else None for r in kept],
+                                          num_layers=config.num_layers, kv_heads=config.num_kv_heads,
+                                          head_dim=config.head_dim, capacity=64, dtype=weight.dtype)
+        else:  # the model's own empty cache (a HybridCache for Qwen3.5 carries DeltaNet states)
+            cache = self.model.new_cache(len(seqs), capacity=64)
         past = cache.length
         suffixes = [s.prompt[len(r.tokens):] if r else s.prompt for s, r in zip(seqs, kept)]
         width = max(len(x) for x in suffixes)
