@@ -13,6 +13,7 @@ policy, the sampler actor over pynng, or an SGLang server.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
@@ -75,6 +76,7 @@ class TrialRollout:
     messages: list[dict[str, Any]] = field(default_factory=list)
     finish: str = "answered"  # answered | max_turns | context | cancelled | sampler_error | infra_error
     infra_error: str | None = None
+    started: float = field(default_factory=time.monotonic)  # a continuation keeps its original's start
 
     @property
     def tokens(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import time
 from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol, Sequence
@@ -17,7 +18,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 import numpy as np
 import trio
 
-from schemas import EvalResult, StalenessDecision, TrialIssued, VerifierResult
+from schemas import EvalResult, StalenessDecision, TrialEnded, TrialIssued, VerifierResult
 
 from . import tito
 from .policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
@@ -117,6 +118,9 @@ class TrialRunner:
         """Verify the final workspace, then (for training) assemble the TITO trajectory."""
         task = self.tasks[task_id]
         result = None
+        await self.ports.log(TrialEnded(trial_id=trial_id, finish=rollout.finish, turns=len(rollout.turns),
+                                        infra_error=rollout.infra_error,
+                                        duration_s=time.monotonic() - rollout.started))
         if rollout.infra_error is None and rollout.turns:
             result = await self.ports.verify(sandbox_id or trial_id, task_id)
         outcome = TrialOutcome(trial_id, task_id, task.family or "", rollout, result)
