@@ -67,6 +67,18 @@ def _positions(attention_mask: torch.Tensor | None, batch: int, steps: int, past
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -steps:]
 
 
+def check_inputs(input_ids: torch.Tensor, routing_replay: torch.Tensor | None, config) -> None:
+    """A backbone's input checks: the replayed routing's shape [batch, tokens, layers, k], ids in the vocabulary."""
+    batch, steps = input_ids.shape
+    expected = (batch, steps, config.num_layers, config.top_k)
+    if routing_replay is not None and tuple(routing_replay.shape) != expected:
+        raise ValueError(f"routing_replay has shape {tuple(routing_replay.shape)}, expected "
+                         f"[batch, tokens, layers, k] = {expected}")
+    if int(input_ids.max()) >= config.vocab_size or int(input_ids.min()) < 0:
+        raise ValueError(f"input_ids outside [0, {config.vocab_size}); the tokenizer and "
+                         f"{type(config).__name__}.vocab_size disagree")
+
+
 class MoEBackbone(nn.Module):
     """Embedding, decoder layers and final norm (transformers' ``Qwen3MoeModel``)."""
 
@@ -82,13 +94,8 @@ class MoEBackbone(nn.Module):
                 capture_routing: bool = False, attention_mask: torch.Tensor | None = None,
                 past_key_values: KVCache | None = None, use_cache: bool = False) -> BackboneOutput:
         batch, steps = input_ids.shape
-        layers, top_k = self.config.num_layers, self.config.top_k
-        if routing_replay is not None and tuple(routing_replay.shape) != (batch, steps, layers, top_k):
-            raise ValueError(f"routing_replay has shape {tuple(routing_replay.shape)}, expected "
-                             f"[batch, tokens, layers, k] = {(batch, steps, layers, top_k)}")
-        if int(input_ids.max()) >= self.config.vocab_size or int(input_ids.min()) < 0:
-            raise ValueError(f"input_ids outside [0, {self.config.vocab_size}); the tokenizer and "
-                             "ModelConfig.vocab_size disagree")
+        layers = self.config.num_layers
+        check_inputs(input_ids, routing_replay, self.config)
         cache = past_key_values
         if use_cache and cache is None:
             cache = KVCache(layers, batch, self.config.num_kv_heads, self.config.head_dim,

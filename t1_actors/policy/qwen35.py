@@ -22,7 +22,7 @@ from ._deltanet import GatedDeltaNet
 from ._layers import Experts, Router, RotaryEmbedding, apply_rope
 from .config import Qwen35MoeConfig
 from .kv_cache import KVCache
-from .model import BackboneOutput, MoEPolicy, _attention_bias, _positions
+from .model import BackboneOutput, MoEPolicy, _attention_bias, _positions, check_inputs
 from .routing import r3_gate, topk_gate
 
 
@@ -187,13 +187,7 @@ class Qwen35MoeBackbone(nn.Module):
         """As ``MoEBackbone.forward``. Padding must lead each row (before its first real token) or trail it:
         a DeltaNet state cannot skip a gap, so new padded columns after a cached prefix are refused."""
         batch, steps = input_ids.shape
-        layers, top_k = self.config.num_layers, self.config.top_k
-        if routing_replay is not None and tuple(routing_replay.shape) != (batch, steps, layers, top_k):
-            raise ValueError(f"routing_replay has shape {tuple(routing_replay.shape)}, expected "
-                             f"[batch, tokens, layers, k] = {(batch, steps, layers, top_k)}")
-        if int(input_ids.max()) >= self.config.vocab_size or int(input_ids.min()) < 0:
-            raise ValueError(f"input_ids outside [0, {self.config.vocab_size}); the tokenizer and "
-                             "Qwen35MoeConfig.vocab_size disagree")
+        check_inputs(input_ids, routing_replay, self.config)
         cache = past_key_values
         if use_cache and cache is None:
             cache = HybridCache(self.config, batch, capacity=steps + 64, dtype=self.embed_tokens.weight.dtype,
