@@ -344,6 +344,7 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
         raise FileExistsError(f"{run_dir} already holds a run's log; pass --run-dir NEW_DIR (nothing was touched)")
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    code = code_version()  # now: a commit landing while the run goes must not be credited with it
     timings: dict[str, float] = {}
 
     with console.status("[bold]1/5 task corpus[/]"):
@@ -386,10 +387,12 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
     trio.run(run_actors, run_config, campaign, console)
     timings["actors_s"] = time.monotonic() - rl_start
     timings["total_s"] = time.monotonic() - started
-    return summarise(run_dir, run_config, sft=sft, timings=timings, console=console, write_report=write_report)
+    return summarise(run_dir, run_config, sft=sft, timings=timings, console=console, write_report=write_report,
+                     code=code)
 
 
-def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write_report=None) -> dict[str, Any]:
+def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write_report=None,
+              code: dict[str, Any] | None = None) -> dict[str, Any]:
     """Phase 5: summary.json and the plots, both from the log alone."""
     from storage import EventLog
 
@@ -413,7 +416,7 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
     skill["kl_rl_sft"] = report.get("kl_rl_sft") if isinstance(report, dict) else None
     summary = write_summary(run_dir, eval_before=evals.get("before"), eval_after=evals.get("after"), actors=roles,
                             counts=counts, extra={"sft": sft, "timings_s": {k: round(v, 1) for k, v in timings.items()},
-                                                  "report": report, "eval_change": eval_change(log, sft_log), "code": code_version(),
+                                                  "report": report, "eval_change": eval_change(log, sft_log), "code": code,
                                                   "sft_passes_from": config.section("campaign").warm_start_from
                                                   if sft_log is not None else None, **skill})
     before, after, change = summary["eval_before"], summary["eval_after"], summary["eval_change"]
