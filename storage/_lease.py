@@ -68,7 +68,7 @@ def conditional_put(store, key: str, data: bytes, *, if_match: str | None = None
     return reply["ETag"]
 
 
-def _head(store, key: str) -> tuple[dict | None, str | None]:
+def _read(store, key: str) -> tuple[dict | None, str | None]:
     bucket, name = _bucket_key(store, key)
     try:
         reply = sync(store.fs._call_s3("get_object", Bucket=bucket, Key=name))
@@ -101,7 +101,7 @@ class S3Lease:
         try:
             self.etag = conditional_put(self.store, self.key, self._body())
         except FileExistsError:
-            current, etag = _head(self.store, self.key)
+            current, etag = _read(self.store, self.key)
             expires = float((current or {}).get("expires_at", 0.0))
             if current is not None and expires > time.time():
                 raise WriterBusy(
@@ -127,7 +127,7 @@ class S3Lease:
         self.renewed_at = time.time()
 
     def release(self) -> None:
-        current, etag = _head(self.store, self.key)
+        current, etag = _read(self.store, self.key)
         if current is not None and current.get("holder") == self.holder:
             bucket, name = _bucket_key(self.store, self.key)
             try:

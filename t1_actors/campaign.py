@@ -256,16 +256,17 @@ def write_summary(run_dir: Path, *, eval_before, eval_after, actors: list[str], 
     return summary
 
 
-def eval_change(log, sft_log=None) -> dict[str, Any] | None:
+def eval_change(log, sft_log=None, passes=None) -> dict[str, Any] | None:
     """The paired before/after comparison over the eval tasks (None until both evals are in the log).
 
     Eval trials carry the label of their pass (``before`` / ``after``); in logs written before labels
     existed they are told apart by the learner's version they were issued at (version 0 before, any later
-    one after). ``sft_log``: the log the SFT policy's passes are read from (``[eval] sft_passes``)."""
+    one after). ``sft_log``: the log the SFT policy's passes are read from (``[eval] sft_passes``);
+    ``passes``: those logs' ``EvalPasses`` when the caller has read them already."""
     from .eval_stats import eval_outcomes, first_attempts, paired_change
     from .skill_report import EvalPasses
 
-    attempts = EvalPasses.read(log, sft_log).attempts
+    attempts = (passes or EvalPasses.read(log, sft_log)).attempts
     if "before" in attempts and "after" in attempts:
         return paired_change(first_attempts(attempts["before"]), first_attempts(attempts["after"])).as_dict()
     if attempts or sft_log is not None:
@@ -416,7 +417,7 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
     skill["kl_rl_sft"] = report.get("kl_rl_sft") if isinstance(report, dict) else None
     summary = write_summary(run_dir, eval_before=evals.get("before"), eval_after=evals.get("after"), actors=roles,
                             counts=counts, extra={"sft": sft, "timings_s": {k: round(v, 1) for k, v in timings.items()},
-                                                  "report": report, "eval_change": eval_change(log, sft_log), "code": code,
+                                                  "report": report, "eval_change": eval_change(log, sft_log, passes), "code": code,
                                                   "sft_passes_from": config.section("campaign").warm_start_from
                                                   if sft_log is not None else None, **skill})
     before, after, change = summary["eval_before"], summary["eval_after"], summary["eval_change"]

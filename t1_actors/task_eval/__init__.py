@@ -111,7 +111,7 @@ def _check_resume(out: Path, header: dict[str, Any]) -> None:
                               "(nothing was touched)")
 
 
-async def _run(args, tasks: list, out: Path, header: dict, show) -> dict[str, Any]:
+async def _run(args, tasks: list, out: Path, header: dict, show, parts: dict[str, Any] | None) -> dict[str, Any]:
     import secrets
 
     import trio
@@ -120,7 +120,7 @@ async def _run(args, tasks: list, out: Path, header: dict, show) -> dict[str, An
 
     from ..backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
     from ..verification import Verifier, VerifierConfig
-    from ._runner import EvalPorts, NoopPolicy, OraclePolicy, play_attempt, run_policy_parts
+    from ._runner import EvalPorts, NoopPolicy, OraclePolicy, play_attempt
 
     log = EventLog.open(out / "log", create=not (out / "log").exists())
     done = attempt_rows(log)
@@ -132,8 +132,8 @@ async def _run(args, tasks: list, out: Path, header: dict, show) -> dict[str, An
     verifier = Verifier(VerifierConfig(**({"base_dir": args.verifier_dir} if args.verifier_dir else {})))
     backend = LocalSandboxBackend(sandbox_config)
     sampler_cm, routing = None, {}
-    if args.policy.startswith("run:"):  # its turns carry routing: the writer needs the policy's shape
-        model = run_policy_parts(args.policy, args.temperature)["config"].section("model")
+    if parts is not None:  # a run: policy's turns carry routing: the writer needs the policy's shape
+        model = parts["config"].section("model")
         routing = {"routing_shape": (model.num_layers, model.top_k), "num_experts": model.num_experts}
     try:
         with log.writer(f"eval-{secrets.token_hex(4)}", **routing) as writer:
@@ -143,7 +143,7 @@ async def _run(args, tasks: list, out: Path, header: dict, show) -> dict[str, An
             elif args.policy == "noop":
                 policy = NoopPolicy()
             else:
-                policy, sampler_cm = await _open_run_policy(args, ports, by_id)
+                policy, sampler_cm = await _open_run_policy(args, ports, by_id, parts)
             finished = len(done)
             limiter = trio.CapacityLimiter(max(1, args.concurrency))
 
@@ -168,7 +168,7 @@ async def _run(args, tasks: list, out: Path, header: dict, show) -> dict[str, An
     return summary
 
 
-async def _open_run_policy(args, ports, by_id):
+async def _open_run_policy(args, ports, by_id, parts: dict[str, Any]):
     import torch
 
     from ..backends.sampler_backend import SamplerConfig
@@ -177,10 +177,9 @@ async def _open_run_policy(args, ports, by_id):
     from ..policy.sampling import SamplingParams
     from ..policy.tokenizer import load_tokenizer, special_token_ids
     from ..trials import TrialRunner
-    from ._runner import RunPolicy, run_policy_parts
+    from ._runner import RunPolicy
 
     torch.set_num_threads(args.threads)
-    parts = run_policy_parts(args.policy, args.temperature)
     tokenizer = load_tokenizer(parts["tokenizer"])
     campaign = parts["config"].section("campaign")
     policy = MoEPolicy.load(parts["weights"])
@@ -237,17 +236,19 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--policy {args.policy!r}: use oracle, noop or run:RUN[@VERSION]")
         if args.attempts < 1 or args.concurrency < 1:
             raise ConfigError("--attempts and --concurrency must be >= 1")
-        if args.policy.startswith("run:"):
+        parts = None
+        if args.policy.startswith("run:"):  # read once: its config, weights, version and temperature
             from ._runner import run_policy_parts
 
-            args.temperature = run_policy_parts(args.policy, args.temperature)["temperature"]
+            parts = run_policy_parts(args.policy, args.temperature)
+            args.temperature = parts["temperature"]
         tasks = load_task_set(args.tasks, args.filter)
         out = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
         header = _header(args, tasks)
         _check_resume(out, header)
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval-config.json").write_text(json.dumps(header, indent=2))
-        summary = trio.run(_run, args, tasks, out, header, show)
+        summary = trio.run(_run, args, tasks, out, header, show, parts)
     except ConfigError as exc:
         print(f"t1-actor eval: {exc}", file=sys.stderr)
         return 2

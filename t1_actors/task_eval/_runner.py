@@ -23,6 +23,7 @@ import trio
 from schemas import SamplerTurn, SandboxExec, TrialEnded, TrialIssued
 
 from ..backends._sandbox.interface import SandboxInfraError
+from ..inprocess import InProcessPorts
 from ..rollout import Generation, ToolOutcome
 
 ORACLE_PATH = "/tmp/t1-oracle/solve.sh"
@@ -36,15 +37,14 @@ def mixed_seed(seed: int, eval_seed: int) -> int:
     return int.from_bytes(digest, "big") >> 2
 
 
-class EvalPorts:
-    """``TrialPorts`` on engines in this process, appending every fact to the eval's log (one writer)."""
+class EvalPorts(InProcessPorts):
+    """``InProcessPorts`` that append every fact to the eval's log (one writer): each exec, turn and
+    verification, and whatever the loop logs; ``--seed`` mixed into the eval seeds."""
 
     def __init__(self, *, tasks: dict, sandbox_backend, verifier, writer, sampler=None, params=None, seed: int = 0):
-        self.tasks, self.sandbox_backend, self.verifier = tasks, sandbox_backend, verifier
-        self.writer, self.sampler, self.params, self.seed = writer, sampler, params, seed
-        self.sandboxes: dict = {}
+        super().__init__(sampler, tasks, params, sandbox_backend, verifier)
+        self.writer, self.seed = writer, seed
         self._lock = trio.Lock()  # the writer is one thread's at a time
-        self.version = 0
 
     async def log(self, *events) -> None:
         async with self._lock:
@@ -53,15 +53,6 @@ class EvalPorts:
                     self.writer.append(event)
                 self.writer.commit()
             await trio.to_thread.run_sync(append)
-
-    async def open_sandbox(self, trial_id: str, task_id: str) -> None:
-        self.sandboxes[trial_id] = await trio.to_thread.run_sync(self.sandbox_backend.open, self.tasks[task_id],
-                                                                 trial_id)
-
-    async def close_sandbox(self, trial_id: str) -> None:
-        sandbox = self.sandboxes.pop(trial_id, None)
-        if sandbox is not None:
-            await trio.to_thread.run_sync(sandbox.close)
 
     async def execute(self, trial_id: str, turn: int, command: str, timeout_s: float) -> ToolOutcome:
         try:
@@ -91,19 +82,12 @@ class EvalPorts:
                                    temperature=params.temperature, top_p=params.top_p, sampler_id="eval"))
         return Generation(g.output_ids, g.logprobs, g.routing, g.policy_version, g.finish_reason)
 
-    async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
-        for turn in range(64):
-            await self.sampler.cancel(f"{trial_id}/{turn}")
-
     async def verify(self, trial_id: str, task_id: str):
-        sandbox = self.sandboxes[trial_id]
-        verification = await trio.to_thread.run_sync(self.verifier.verify, self.tasks[task_id], sandbox.trial_root)
+        verification = await trio.to_thread.run_sync(self.verifier.verify, self.tasks[task_id],
+                                                     self.sandboxes[trial_id].trial_root)
         event = verification.to_event()
         await self.log(event)
         return event
-
-    def learner_version(self) -> int:
-        return self.version
 
 
 class Policy(Protocol):
