@@ -85,13 +85,3 @@ class LengthBias:
             "admitted_mean_turns": mean(self.admitted_turns), "cancelled_mean_turns": mean(self.cancelled_turns),
             "admitted_mean_tokens": mean(self.admitted_tokens), "cancelled_mean_tokens": mean(self.cancelled_tokens),
         }
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95 % by default)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)

@@ -121,7 +121,7 @@ def _is_campaign(path: str) -> bool:
 
 
 def _campaign(args) -> int:
-    from .campaign import load_campaign_config, run_campaign
+    from .job.main import load_campaign_config, run_campaign
     from .config import ConfigError
     from .runtime.logs import configure_logging
 
@@ -137,7 +137,7 @@ def _campaign(args) -> int:
         import json
         from pathlib import Path
 
-        from .seeds import run_seeds
+        from .job.seeds import run_seeds
 
         out = Path(args.run_dir) if args.run_dir else Path(str(config.run.dir) + "-seeds")
         try:

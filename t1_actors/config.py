@@ -46,7 +46,7 @@ KNOWN_SECTIONS: dict[str, str] = {
     "learner": "t1_actors.learner:LearnerConfig",
     "critic": "t1_actors.critic:CriticConfig",
     "staleness": "t1_actors.admission:StalenessConfig",
-    "campaign": "t1_actors.campaign:CampaignConfig",
+    "campaign": "t1_actors.job.config:CampaignConfig",
     "eval": "t1_actors.evaluation:EvalConfig",
 }
 _REGISTERED: dict[str, type[BaseModel]] = {}
@@ -316,7 +316,7 @@ QUICK_KEY = "quick"  # [quick.*] tables: overrides that --quick applies (the <= 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
     """Validate a mapping: every section, then every rule across sections (``t1_actors.config_rules``);
     a ConfigError naming ``source`` and the problem."""
-    from .config_rules import check_run
+    from .job.rules import check_run
 
     try:
         config = RunConfig.model_validate(data)

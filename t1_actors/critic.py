@@ -36,7 +36,7 @@ from .policy import ModelConfig, MoEPolicy
 from .policy.value import ValueModel
 from .ppo import PPOConfig
 from .runtime.actor import Actor, handles, on_event
-from .layout import checkpoints_dir, log_path
+from .job.layout import checkpoints_dir, log_path
 
 
 

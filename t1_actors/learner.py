@@ -37,7 +37,7 @@ from .policy import ModelConfig, MoEPolicy
 from .ppo import PPOConfig
 from .runtime.actor import Actor, on_event
 from .runtime.errors import NoSuchPeer
-from .layout import checkpoints_dir, log_path
+from .job.layout import checkpoints_dir, log_path
 
 
 

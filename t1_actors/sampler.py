@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from schemas import Ack, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn
 
 from .backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend
-from .layout import sha256_file
+from .job.layout import sha256_file
 from .policy import ModelConfig, MoEPolicy
 from .policy.sampling import Generation, SamplingParams
 from .runtime.actor import Actor, handles

@@ -1,17 +1,14 @@
 """The staleness controller actor: issues trials, admits or drops them by policy lag, cuts the tail.
 
-It drives the campaign's schedule, each phase skipped on restart when the log shows it done:
-eval of the SFT policy ("before"), warm-up trials and the critic's warm-up, asynchronous PPO for
-``[campaign] rl_seconds``, and a final eval ("after"). Trials reach the sampler, sandbox and verifier
-actors through ``ActorPorts``; the orchestration itself is ``t1_actors.trials`` and the admission rules
-``t1_actors.admission``. It learns the learner's version by tailing the log for ``WeightsPublished``.
+It plays the campaign's schedule (``job.schedule``: SFT eval, warm-up and the critic's warm-up,
+asynchronous PPO, RL eval; each phase skipped on restart when the log shows it done). Trials reach the
+sampler, sandbox and verifier actors through ``ActorPorts``; the orchestration itself is
+``t1_actors.trials`` and the admission rules ``t1_actors.admission``. It learns the learner's version by tailing the log for ``WeightsPublished``.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import random
 import time
 
 import numpy as np
@@ -23,15 +20,16 @@ from schemas import (
 )
 from storage import EventLog
 
-from .admission import StalenessConfig, grouped
-from .campaign import CampaignConfig
-from .evaluation import EvalConfig, evaluate_policy, pass_k_subset
+from .admission import StalenessConfig
+from .evaluation import EvalConfig, pass_k_subset
+from .job.config import CampaignConfig
+from .job.layout import checkpoints_dir, log_path, tokenizer_path
+from .job.schedule import Controller, TaskSplits, play_schedule
 from .policy.tokenizer import load_tokenizer, special_token_ids
 from .rollout import Generation, ToolOutcome
 from .runtime.actor import Actor
 from .tasks import build_task_sets
-from .trials import BatchStats, TrialRunner, run_batches, run_warmup
-from .layout import checkpoints_dir, log_path, tokenizer_path
+from .trials import BatchStats, TrialRunner
 
 
 class ActorPorts:
@@ -94,11 +92,10 @@ class StalenessActor(Actor):
         sampler = self.config.section("sampler")
         self.temperature, self.top_p = sampler.temperature, sampler.top_p
         sets = await trio.to_thread.run_sync(build_task_sets, self.config.section("tasks"))
-        self.rl_ids = [t.id for t in sets.rl]  # train tasks RL may draw ([tasks] rl_size)
-        self.eval_ids = [t.id for t in sets.eval]
-        self.validation_ids = [t.id for t in sets.validation]
         self.eval_config: EvalConfig = self.config.section("eval")
-        self.pass_k_ids = pass_k_subset(sets.eval, self.eval_config.pass_k_tasks)
+        self.splits = TaskSplits(rl=[t.id for t in sets.rl], validation=[t.id for t in sets.validation],
+                                 eval=[t.id for t in sets.eval],
+                                 pass_k=pass_k_subset(sets.eval, self.eval_config.pass_k_tasks))
         self.tasks = sets.by_id
         self.tokenizer = load_tokenizer(tokenizer_path(self.ctx.run_dir))
         self.reader = EventLog.open(log_path(self.ctx.run_dir))
@@ -133,7 +130,7 @@ class StalenessActor(Actor):
         return max(0.0, self.campaign.rl_seconds - (time.time() - started))
 
     async def _events(self, kind: str) -> list:
-        return await trio.to_thread.run_sync(lambda: list(self.reader.events(kinds=[kind])))
+        return await trio.to_thread.run_sync(lambda: [e for _, e in self.reader.events(kinds=[kind])])
 
     async def wait_for_version(self, version: int, until) -> None:
         while self.version < version and not until():
@@ -142,54 +139,20 @@ class StalenessActor(Actor):
 
     async def run(self) -> None:
         stop_id = special_token_ids(self.tokenizer)["<|im_end|>"]
-        ports = ActorPorts(self, self.campaign, stop_id)
-        runner = TrialRunner(ports, self.tasks, self.tokenizer, self.campaign.rollout_limits(),
-                                 run_tag=f"{self.ctx.run_id}-{self.name}-{int(time.time()) % 100000}",
-                                 tito_repairs=self.campaign.tito_repairs)
-        done = {e.label: e for _, e in await self._events("eval_result")}
+        runner = TrialRunner(ActorPorts(self, self.campaign, stop_id), self.tasks, self.tokenizer,
+                             self.campaign.rollout_limits(),
+                             run_tag=f"{self.ctx.run_id}-{self.name}-{int(time.time()) % 100000}",
+                             tito_repairs=self.campaign.tito_repairs)
 
-        async def evaluate(policy: str) -> None:
-            async def on_pass(name: str) -> None:
-                self.logger.info("phase", phase=f"eval {name}", policy_version=self.version)
+        async def warm_up_critic(trial_ids: list[str]) -> None:
+            await self.peer("critic").call_bulk(Generic(op="critic_warmup", args={"trial_ids": trial_ids}))
 
-            best = await evaluate_policy(runner, policy, validation_ids=self.validation_ids, eval_ids=self.eval_ids,
-                                         pass_k_ids=self.pass_k_ids, config=self.eval_config,
-                                         run_temperature=self.temperature, concurrency=self.campaign.eval_concurrency,
-                                         done=done, on_pass=on_pass)
-            self.logger.info("best_temperature", policy=policy, temperature=best)
-
+        controller = Controller(logger=self.logger, version=lambda: self.version, wait_for_version=self.wait_for_version,
+                                events=self._events, rl_seconds_left=self._rl_seconds_left,
+                                warm_up_critic=warm_up_critic)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_versions)
-            if self.eval_config.sft_passes == "run":  # else they are the warm-start run's (summary reads them there)
-                await evaluate("sft")
-            if self.campaign.warmup_trials and not await self._events("critic_warmup"):
-                self.logger.info("phase", phase="warmup", n=self.campaign.warmup_trials)
-                rng = random.Random(self.campaign.seed + 1)
-                warm_ids = rng.sample(self.rl_ids, min(self.campaign.warmup_trials, len(self.rl_ids)))
-                trial_ids = await run_warmup(runner, warm_ids, concurrency=self.campaign.eval_concurrency)
-                await self.peer("critic").call_bulk(Generic(op="critic_warmup", args={"trial_ids": trial_ids}))
-            if not any(name == "after" or name.startswith("rl_") for name in done):  # RL not yet evaluated
-                self.logger.info("phase", phase="rl", seconds=self.campaign.rl_seconds)
-                rng = random.Random(self.campaign.seed + 2)
-                order = grouped(itertools.cycle(rng.sample(self.rl_ids, len(self.rl_ids))),
-                                self.staleness.group_size)
-                end = trio.current_time() + self._rl_seconds_left()
-                # steps a restarted controller finds already taken (read from the log, not the version follower)
-                learned_before = max((e.version for _, e in await self._events("weights_published")), default=0)
-
-                def until() -> bool:  # the step budget (two runs of a seed take the same steps) or the clock
-                    budget = self.campaign.rl_steps
-                    steps_done = budget is not None and learned_before + self.stats.batches >= budget
-                    return steps_done or trio.current_time() >= end
-
-                await run_batches(runner, lambda: next(order), self.staleness, until=until,
-                                  wait_for_learner=lambda v: self.wait_for_version(v, until), stats=self.stats)
-                # Let the learner finish the batches already admitted before the final eval.
-                target = self.stats.batches
-                with trio.move_on_after(self.campaign.finish_timeout_s / 2):
-                    await self.wait_for_version(target, lambda: False)
-                self.logger.info("phase", phase="eval_after", policy_version=self.version,
-                                 bias=self.stats.bias.summary())
-            await evaluate("rl")
+            await play_schedule(runner, controller, self.splits, campaign=self.campaign, staleness=self.staleness,
+                                eval_config=self.eval_config, run_temperature=self.temperature, stats=self.stats)
             nursery.cancel_scope.cancel()
         self.logger.info("campaign_schedule_done", policy_version=self.version)

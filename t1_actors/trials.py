@@ -22,7 +22,8 @@ from schemas import EvalResult, StalenessDecision, TrialEnded, TrialIssued, Veri
 
 from . import tito
 from .policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
-from .admission import LengthBias, StalenessConfig, admit, policy_lag, wilson_interval
+from .admission import LengthBias, StalenessConfig, admit, policy_lag
+from .eval_stats import wilson_interval
 from .rollout import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
 
 

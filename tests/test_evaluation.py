@@ -131,7 +131,7 @@ def _protocol_events():
 
 def test_sft_passes_read_from_the_warm_start_log_give_the_same_report():
     """[eval] sft_passes = 'warm_start': the SFT passes come from the other log, and only from there."""
-    from t1_actors.campaign import eval_change
+    from t1_actors.job.summary import eval_change
 
     sft, rl = _protocol_events()
     recipe = {"advantage_estimator": "gae"}
@@ -166,7 +166,7 @@ def test_skill_report_pairs_the_best_passes_and_fills_every_key():
 
 
 def test_eval_change_pairs_the_labelled_before_and_after_passes():
-    from t1_actors.campaign import eval_change
+    from t1_actors.job.summary import eval_change
 
     tasks = [f"t{i}" for i in range(5)]
     events = (_pass("before", None, {t: [i < 2] for i, t in enumerate(tasks)})
@@ -181,7 +181,8 @@ def test_sft_passes_from_a_warm_start_are_refused_unless_the_draws_match(tmp_pat
     import re
     from pathlib import Path
 
-    from t1_actors.campaign import check_warm_start_passes, load_campaign_config
+    from t1_actors.job.main import load_campaign_config
+    from t1_actors.job.sft import check_warm_start_passes
     from t1_actors.config import ConfigError
 
     text = (Path(__file__).resolve().parent.parent / "configs" / "tiny.toml").read_text()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from t1_actors.campaign import load_campaign_config
+from t1_actors.job.main import load_campaign_config
 from t1_actors.config import parse_config, write_resolved
 from t1_actors.policy import ModelConfig, MoEPolicy
 from t1_actors.policy.tokenizer import train_tokenizer
@@ -71,7 +71,7 @@ def test_probe_steps_on_policy_and_pairs_the_evals(run, capsys):
 def test_probe_flags_a_sampler_that_samples_at_another_temperature(run, capsys, monkeypatch):
     # the sampler stores logprobs at T = 0.5, the learner recomputes them at [ppo] temperature 1.0: a config
     # refuses that (config_rules.check_temperatures), so the rule is lifted here to play the bug it prevents
-    from t1_actors import config_rules
+    from t1_actors.job import rules as config_rules
 
     monkeypatch.setattr(config_rules, "RULES", tuple(r for r in config_rules.RULES
                                                      if r is not config_rules.check_temperatures))

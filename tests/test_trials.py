@@ -9,7 +9,8 @@ import torch
 import trio
 
 from schemas import EvalResult, StalenessDecision, TrajectoryAssembled, TrialIssued
-from t1_actors.admission import StalenessConfig, admit, grouped, policy_lag, trials_to_launch, wilson_interval
+from t1_actors.admission import StalenessConfig, admit, grouped, policy_lag, trials_to_launch
+from t1_actors.eval_stats import wilson_interval
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.backends.torch_sampler import TorchSampler
@@ -43,7 +44,7 @@ def test_admission_rules():
 def test_a_group_baseline_without_groups_is_refused_before_anything_starts(tmp_path):
     from pathlib import Path
 
-    from t1_actors.campaign import load_campaign_config
+    from t1_actors.job.main import load_campaign_config
     from t1_actors.config import ConfigError
 
     import re
@@ -158,7 +159,7 @@ def test_batches_admit_exactly_the_batch_and_record_the_cut_tail(world):
 def test_training_part_of_the_policy_on_the_megatron_learner_is_refused_before_anything_starts(tmp_path):
     from pathlib import Path
 
-    from t1_actors.campaign import load_campaign_config
+    from t1_actors.job.main import load_campaign_config
     from t1_actors.config import ConfigError
 
     text = (Path(__file__).resolve().parent.parent / "configs" / "tiny.toml").read_text()

@@ -94,7 +94,7 @@ def test_the_anchor_batch_is_one_fixed_batch_the_model_memorises():
 def test_a_warm_start_fitted_on_this_runs_rl_tasks_is_refused(tmp_path):
     import json
 
-    from t1_actors.campaign import check_warm_start_tasks
+    from t1_actors.job.sft import check_warm_start_tasks
     from t1_actors.tasks import TasksConfig, build_task_sets
 
     def previous_run(name, **tasks):

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import tempfile
 import time
@@ -97,7 +96,7 @@ class Probe:
 
         from t1_actors.backends.local_sandbox import LocalSandboxBackend
         from t1_actors.backends.torch_learner import TorchCritic, TorchLearner
-        from t1_actors.campaign import tokenizer_path
+        from t1_actors.job.layout import tokenizer_path
         from t1_actors.policy import MoEPolicy
         from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
         from t1_actors.tasks import build_task_sets
@@ -206,7 +205,7 @@ class _Events:
 
 def logged_sft_best(run: Path):
     """The run's own SFT pass at its best temperature (label -> task -> Outcome), when its log has one."""
-    from t1_actors.campaign import log_path
+    from t1_actors.job.layout import log_path
     from t1_actors.eval_stats import first_attempts
     from t1_actors.skill_report import EvalPasses, best_label
 
@@ -224,13 +223,14 @@ async def run_probe(args, run: Path, config, show) -> dict:
     from t1_actors.backends.torch_sampler import TorchSampler
     from t1_actors.eval_stats import first_attempts, paired_change
     from t1_actors.evaluation import evaluate_policy
+    from t1_actors.job.schedule import rl_task_order, warmup_task_ids
     from t1_actors.skill_report import EvalPasses, best_label
 
     probe = Probe(run, config, args.ckpt, args.threads)
     campaign = config.section("campaign")
     rl_ids = [t.id for t in probe.tasks.rl]
-    order = random.Random(args.seed + 2).sample(rl_ids, len(rl_ids))  # the campaign's RL order for this seed
-    warm_ids = random.Random(args.seed + 1).sample(rl_ids, min(campaign.warmup_trials, len(rl_ids)))
+    order = rl_task_order(rl_ids, args.seed)  # the campaign's task orders for this seed
+    warm_ids = warmup_task_ids(rl_ids, campaign.warmup_trials, args.seed)
     eval_ids = [t.id for t in probe.tasks.eval[: args.eval_tasks]]
     validation_ids = [t.id for t in probe.tasks.validation] if eval_ids else []
     run_temperature = config.section("sampler").temperature

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from schemas import LearnerStep, PolicyUpdate, WeightsPublished
 
 from .. import ppo
-from ..layout import sha256_file, version_dirname  # noqa: F401  (re-exported: megatron_learner, tools)
+from ..job.layout import sha256_file, version_dirname  # noqa: F401  (re-exported: megatron_learner, tools)
 from ..policy.model import MoEPolicy
 from ._learner_batch import TrajectoryBatch, collate
 from ._optim import freeze_all_but, make_optimizer  # noqa: F401  (re-exported: megatron_learner, warmstart)

@@ -14,7 +14,7 @@ from schemas.events import ActorLifecycle
 from schemas.messages import Ack, Cancel, ErrorReply, Generic, Heartbeat, Ping, Pong, Shutdown
 
 from ..config import RunConfig
-from ..layout import log_path
+from ..job.layout import log_path
 from .actor import Actor, ActorContext
 from .auth import Opener, Sealer
 from .errors import DeadlineExceeded, RemoteError

@@ -145,7 +145,7 @@ class RunPolicy:
 
 def run_policy_parts(spec: str, temperature: float | None) -> dict[str, Any]:
     """``run:RUN[@VERSION]`` -> the run's config, tokenizer, weights directory and version (newest by default)."""
-    from ..campaign import tokenizer_path, weights_dir
+    from ..job.layout import tokenizer_path, weights_dir
     from ..config import ConfigError, load_config
 
     body = spec[len("run:"):]

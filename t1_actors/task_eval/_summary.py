@@ -14,7 +14,7 @@ from typing import Any
 
 from schemas import SandboxExec, TrialEnded, TrialIssued, VerifierResult
 
-from ..admission import wilson_interval
+from ..eval_stats import wilson_interval
 from ..eval_stats import Outcome, paired_change, pass_at_k
 
 EVAL_SPLIT = "eval"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from schemas import Event, SamplerTurn, WeightsPublished
 from storage import EventLog, LogError
-from t1_actors.layout import sha256_file
+from t1_actors.job.layout import sha256_file
 
 TOKENIZER_NAMES = ("tokenizer.json", "tokenizer/tokenizer.json", "assets/tokenizer.json")
 

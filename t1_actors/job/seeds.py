@@ -21,15 +21,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
+from ..config import parse_config
+from .layout import log_path
+from .main import _jsonable, run_campaign
+from .sft import check_warm_start_passes
 ALPHA = 0.05
 
 
 def seed_config(config, *, seed: int, run_dir: Path, base: Path | None):
     """The campaign config of one seed: its own run dir and ``[campaign] seed``; warm-started from ``base``
     (its tokenizer, SFT policy and SFT eval passes) unless ``base`` is None."""
-    from .campaign import _jsonable
-    from .config import parse_config
-
     data = _jsonable(config)
     data["run"]["dir"] = str(run_dir)
     data["campaign"] = {**data.get("campaign", {}), "seed": seed}
@@ -81,10 +84,7 @@ def write_table(out: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
 def run_seeds(config, *, seeds: int, out: Path, base: Path | None = None, console=None,
               write_report=None) -> dict[str, Any]:
     """Run seeds 0..seeds-1 (see the module doc) and write the table; returns it."""
-    from rich.console import Console
 
-    from .campaign import check_warm_start_passes, run_campaign
-    from .layout import log_path
 
     console = console or Console(stderr=True)
     if seeds < 1:

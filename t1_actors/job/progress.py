@@ -7,7 +7,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .campaign import CampaignConfig, log_path, warm_start
+import trio
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from schemas import EvalResult, LearnerStep, StalenessDecision, VerifierResult
+from storage import EventLog
+
+from ..runtime.supervisor import Supervisor
+from .config import CampaignConfig
+from .layout import log_path
+from .sft import warm_start
 
 
 class _Milestones:
@@ -26,7 +35,6 @@ class _Milestones:
 
 
 def sft_with_progress(config, tasks, tokenizer, campaign, console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     with Progress(TextColumn("[bold]3/5 {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False, console=console) as bar:
@@ -59,12 +67,8 @@ async def run_actors(config, campaign: CampaignConfig, console) -> None:
     SIGINT/SIGTERM reach the supervisor, which stops every actor cleanly; the summary is still written
     from whatever the log holds.
     """
-    import trio
-    from rich.progress import BarColumn, Progress, TextColumn
 
-    from storage import EventLog
 
-    from .runtime.supervisor import Supervisor
 
     log = EventLog.open(log_path(Path(config.run.dir)))
     # A deadline on the whole phase, so a wedged actor cannot hang the job: RL's bound, the last steps,
@@ -94,9 +98,7 @@ async def run_actors(config, campaign: CampaignConfig, console) -> None:
 
 async def _follow(log, bar, job, step_lines) -> None:
     """Show the campaign's progress from the log until the final eval appears."""
-    import trio
 
-    from schemas import EvalResult, LearnerStep, StalenessDecision, VerifierResult
 
     cursor = log.cursor(kinds=["eval_result", "learner_step", "staleness_decision", "verifier_result",
                                "critic_warmup"])

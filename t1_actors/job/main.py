@@ -1,0 +1,131 @@
+"""The main job: a whole T1-style campaign on the embedded default, wired from the run's config.
+
+    t1-actor launch --config configs/tiny.toml [--quick] [--run-dir DIR]
+
+1. corpus: the synthetic train/eval task sets ([tasks]), disjoint by construction; ``[tasks] rl_size``
+   keeps the last train tasks for RL alone;
+2. tokenizer: a byte-level BPE trained on the rendered oracle chats of the SFT tasks;
+3. SFT warm start on executed oracle trajectories of the SFT tasks -> policy version 0 (safetensors,
+   checksum, event);
+4. the six actors as processes under the supervisor: the staleness controller evaluates the SFT policy
+   on the eval split, plays warm-up trials for the critic's warm-up, runs asynchronous PPO on the RL
+   tasks for ``rl_seconds``, and evaluates again;
+5. ``summary.json`` and the training-dynamics plots in the run directory.
+
+Everything the actors do is in the run's Zarr log (RUN/log); ``t1-replay`` reads it back.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+from rich.console import Console
+
+from storage import EventLog
+
+from ..config import load_config, parse_config
+from ..tasks import build_task_sets
+from .config import CampaignConfig
+from .layout import log_path, tokenizer_path
+from .progress import run_actors, sft_with_progress
+from .sft import check_warm_start_passes, check_warm_start_tasks, publish_initial_policy, reuse_warm_start, train_run_tokenizer
+from .summary import code_version, summarise
+
+
+def stamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def load_campaign_config(path: str | Path, *, quick: bool = False, run_dir: str | Path | None = None):
+    """Read the run's TOML, apply the ``[quick.*]`` overrides with ``--quick`` and ``--run-dir``, validate
+    (every section and every rule across them: ``job.rules``)."""
+    return load_config(path, quick=quick, run_dir=run_dir)
+
+
+def _with_vocab(config, vocab_size: int):
+    """The config with the model's vocabulary sized to the trained tokenizer (BPE may stop short of the
+    asked size on a small corpus; logits for ids no text maps to would only waste probability mass)."""
+    data = _jsonable(config)
+    data["model"] = {**config.section("model").model_dump(mode="json"), "vocab_size": vocab_size}
+    return parse_config(data, "campaign")
+
+
+def _jsonable(config) -> dict:
+    data = config.to_jsonable()
+    if config.run.hmac_key is not None:
+        data["run"]["hmac_key"] = config.run.hmac_key.get_secret_value()
+    return data
+
+
+def _with_policy(config, location: str):
+    """The config with every sampler starting from the SFT checkpoint (version 0)."""
+    actors = []
+    for spec in config.actors:
+        if spec.role == "sampler":
+            spec = spec.model_copy(update={"options": {**spec.options, "policy_path": location}})
+        actors.append(spec)
+    data = _jsonable(config)
+    data["actors"] = [a.model_dump(mode="json") for a in actors]
+    return parse_config(data, "campaign")
+
+
+def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
+    """Run every phase; returns the summary (also written to RUN/summary.json).
+
+    ``write_report(run_dir) -> dict`` draws the plots (the CLI passes ``tools.report.write_report``; this
+    module stays below the faces that read logs)."""
+    console = console or Console(stderr=True)
+    campaign: CampaignConfig = config.section("campaign")
+    run_dir = Path(config.run.dir)
+    if (log_path(run_dir)).exists():
+        raise FileExistsError(f"{run_dir} already holds a run's log; pass --run-dir NEW_DIR (nothing was touched)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    code = code_version()  # now: a commit landing while the run goes must not be credited with it
+    timings: dict[str, float] = {}
+
+    with console.status("[bold]1/5 task corpus[/]"):
+        tasks = build_task_sets(config.section("tasks"))
+    console.log(f"corpus: SFT on {len(tasks.sft)} tasks, RL on {len(tasks.rl)}, {len(tasks.validation)} validation "
+                f"and {len(tasks.eval)} eval tasks")
+    if campaign.warm_start_from is not None:
+        check_warm_start_tasks(Path(campaign.warm_start_from), tasks)
+        if config.section("eval").sft_passes == "warm_start":
+            check_warm_start_passes(Path(campaign.warm_start_from), config)
+        tokenizer, policy, sft = reuse_warm_start(Path(campaign.warm_start_from), run_dir)
+        config = _with_vocab(config, tokenizer.vocab_size)
+        if policy.config != config.section("model"):
+            raise ValueError(f"[campaign] warm_start_from: the policy in {campaign.warm_start_from} has model "
+                             f"{policy.config.model_dump()}, the config asks for {config.section('model').model_dump()}; "
+                             "make [model] match it")
+        console.log(f"warm start reused from {campaign.warm_start_from} (tokenizer and SFT policy version 0)")
+    else:
+        with console.status("[bold]2/5 tokenizer[/]"):
+            tokenizer = train_run_tokenizer(run_dir, tasks.sft, campaign.tokenizer_vocab)
+        console.log(f"tokenizer: {tokenizer.vocab_size} ids -> {tokenizer_path(run_dir)}")
+        config = _with_vocab(config, tokenizer.vocab_size)
+        timings["prepare_s"] = time.monotonic() - started
+        sft_start = time.monotonic()
+        policy, sft = sft_with_progress(config, tasks, tokenizer, campaign, console)
+        timings["sft_s"] = time.monotonic() - sft_start
+        console.log(f"oracle pool: {sft['distinct_examples']} executed oracle chats in {sft['oracle_pool_seconds']:.0f} s; "
+                    f"SFT: {sft['steps']} steps ({sft['epochs']:.1f} epochs), loss {sft['final_loss']:.3f}, "
+                    f"{sft['tokens_per_s']:.0f} tok/s")
+    published = publish_initial_policy(run_dir, policy)
+    log = EventLog.open(log_path(run_dir), create=True)
+    model = config.section("model")
+    with log.writer("campaign", routing_shape=(model.num_layers, model.top_k), num_experts=model.num_experts) as w:
+        w.append(published)
+        w.commit()
+    del policy
+
+    run_config = _with_policy(config, published.location)
+    rl_start = time.monotonic()
+    trio.run(run_actors, run_config, campaign, console)
+    timings["actors_s"] = time.monotonic() - rl_start
+    timings["total_s"] = time.monotonic() - started
+    return summarise(run_dir, run_config, sft=sft, timings=timings, console=console, write_report=write_report,
+                     code=code)

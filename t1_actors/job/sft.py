@@ -1,0 +1,155 @@
+"""Phases 2-3 of the campaign: the run's tokenizer and the SFT warm start (policy version 0).
+
+Either trained here (BPE on the SFT tasks' oracle chats, then SFT on their executed oracles) or reused from
+a previous run (``[campaign] warm_start_from``), with the checks that the reuse is sound: its SFT never saw
+this run's RL tasks, and with ``[eval] sft_passes = "warm_start"`` its logged SFT passes were drawn as this
+run's would be.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from schemas import EvalResult, WeightsPublished
+from storage import EventLog
+
+from ..backends.local_sandbox import LocalSandboxBackend
+from ..config import section_model
+from ..policy import MoEPolicy, load_tokenizer
+from ..policy.tokenizer import special_token_ids, train_tokenizer
+from ..skill_report import is_sft_label
+from ..tasks import TasksConfig, build_task_sets, oracle_trajectory
+from ..warmstart import chat_corpus, execute_oracle_pool, supervised_finetune
+from .config import CampaignConfig
+from .layout import log_path, sha256_file, tokenizer_path, weights_dir
+
+
+def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int):
+    """Phase 2: the tiny BPE, trained on rendered oracle chats of the training split only."""
+    train_tokenizer(chat_corpus(train_tasks), vocab).save(str(tokenizer_path(run_dir)))
+    return load_tokenizer(tokenizer_path(run_dir))  # exactly what the run's actors will load
+
+
+def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -> tuple[Any, dict[str, Any]]:
+    """Phase 3: execute the SFT tasks' oracles (``tasks.sft``), then SFT on them; returns the policy and a report."""
+    campaign: CampaignConfig = config.section("campaign")
+    torch.manual_seed(campaign.seed)
+    torch.set_num_threads(campaign.sft_threads)
+    sandboxes = LocalSandboxBackend(config.section("sandbox").local)
+
+    def execute_oracle(task) -> list[str] | None:
+        try:
+            with sandboxes.open(task, f"sft-{task.id}") as sandbox:
+                outputs = []
+                for command in oracle_trajectory(task):
+                    result = sandbox.exec(command)
+                    outputs.append(result.stdout + result.stderr)
+                return outputs
+        except Exception:  # an infrastructure hiccup costs one example, never the run
+            return None
+
+    pool_start = time.monotonic()
+    try:
+        examples, failures = execute_oracle_pool(tasks.sft, execute_oracle, tokenizer,
+                                                 tool_output_chars=campaign.tool_output_chars,
+                                                 max_len=campaign.sft_max_len, workers=campaign.sft_oracle_workers,
+                                                 progress=pool_progress)
+    finally:
+        sandboxes.close()
+    pool_seconds = time.monotonic() - pool_start
+    policy = MoEPolicy(config.section("model"))
+    pad_id = special_token_ids(tokenizer)["<|endoftext|>"]
+    report = supervised_finetune(policy, examples, seconds=campaign.sft_seconds, batch_size=campaign.sft_batch_size,
+                                 lr=campaign.sft_lr, pad_id=pad_id, seed=campaign.seed, steps=campaign.sft_steps,
+                                 anchor_every=campaign.sft_anchor_every, progress=progress)
+    return policy, {"steps": report.steps, "examples_seen": report.examples_seen,
+                    "distinct_examples": report.distinct_examples, "epochs": round(report.epochs, 2),
+                    "final_loss": report.final_loss, "seconds": round(report.seconds, 1),
+                    "tokens_per_s": round(report.tokens_per_s, 1), "oracle_failures": failures,
+                    "oracle_pool_seconds": round(pool_seconds, 1), "parameters": policy.num_parameters()}
+
+
+def reuse_warm_start(previous: Path, run_dir: Path):
+    """Phases 2-3 taken from a previous run: its tokenizer and its SFT policy (version 0), copied in."""
+    source_tokenizer, source_policy = tokenizer_path(previous), weights_dir(previous, 0)
+    missing = [str(p) for p in (source_tokenizer, source_policy) if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"[campaign] warm_start_from = {str(previous)!r}: missing {missing}; point it at "
+                                "the directory of a run that finished its SFT phase")
+    shutil.copyfile(source_tokenizer, tokenizer_path(run_dir))
+    policy = MoEPolicy.load(source_policy)
+    return load_tokenizer(tokenizer_path(run_dir)), policy, {"warm_start_from": str(previous)}
+
+
+def check_warm_start_tasks(previous: Path, tasks) -> None:
+    """Refuse a warm start whose SFT was fitted on this run's RL tasks: that would quietly undo ``rl_size``."""
+    if not tasks.carved:
+        return  # no carve-out asked for: RL shares the SFT tasks by design
+    resolved = previous / "config.resolved.json"
+    try:
+        previous_tasks = TasksConfig.model_validate(json.loads(resolved.read_text())["tasks"])
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(f"[campaign] warm_start_from = {str(previous)!r}: cannot tell which tasks its SFT saw "
+                         f"({resolved}: {error}); with [tasks] rl_size set, warm-start only from a t1 run directory"
+                         ) from None
+    seen = {t.id for t in build_task_sets(previous_tasks).sft}
+    overlap = sum(1 for t in tasks.rl if t.id in seen)
+    if overlap:
+        raise ValueError(f"[campaign] warm_start_from = {str(previous)!r}: its SFT was fitted on {overlap} of this "
+                         f"run's {len(tasks.rl)} RL tasks ([tasks] rl_size); raise [tasks] train_size past the "
+                         f"{len(seen)} tasks it saw, or warm-start from a run with the same [tasks] section")
+
+
+# what decides an eval pass's draws besides the policy: equal in both runs, or their SFT passes differ
+_DRAW_KEYS = {"tasks": None, "eval": None, "sampler": ("temperature", "top_p"),
+              "campaign": ("max_turns", "max_new_tokens", "max_context", "tool_output_chars")}
+
+
+def check_warm_start_passes(previous: Path, config) -> None:
+    """``[eval] sft_passes = "warm_start"``: the previous run's log holds the SFT policy's whole protocol,
+    played on the same tasks with the same eval settings, so its passes are this run's SFT passes."""
+    where = f"[eval] sft_passes = 'warm_start' with warm_start_from = {str(previous)!r}"
+    try:
+        theirs = json.loads((previous / "config.resolved.json").read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{where}: cannot read its config ({error})") from None
+
+    for section, keys in _DRAW_KEYS.items():
+        try:
+            a = section_model(section).model_validate(theirs.get(section, {})).model_dump(mode="json")
+        except ValueError as error:
+            raise ValueError(f"{where}: its [{section}] no longer validates ({error})") from None
+        b = config.section(section).model_dump(mode="json")
+        for key in keys or sorted(set(a) | set(b)):
+            if (section, key) != ("eval", "sft_passes") and a.get(key) != b.get(key):
+                raise ValueError(f"{where}: its [{section}] {key} = {a.get(key)!r}, this run's = {b.get(key)!r}; "
+                                 "the SFT passes would not be the draws this run's RL passes pair with: make them "
+                                 "equal, or set [eval] sft_passes = 'run'")
+    if not log_path(previous).exists():
+        raise ValueError(f"{where}: it has no log ({log_path(previous)})")
+    results = [e for _, e in EventLog.open(log_path(previous)).events(kinds=["eval_result"])
+               if isinstance(e, EvalResult) and is_sft_label(e.label)]
+    if not any(e.last for e in results):
+        raise ValueError(f"{where}: its log holds {len(results)} SFT eval passes but not the protocol's last one; "
+                         "let that run finish its SFT evals, or set [eval] sft_passes = 'run'")
+
+
+def sft_passes_log(config):
+    """The log the SFT policy's eval passes are read from, when not this run's (``[eval] sft_passes``)."""
+    if config.section("eval").sft_passes != "warm_start":
+        return None
+    return EventLog.open(log_path(Path(config.section("campaign").warm_start_from)))
+
+
+def publish_initial_policy(run_dir: Path, policy) -> WeightsPublished:
+    """Version 0 = the SFT checkpoint, published like any learner version (safetensors + sha256)."""
+    directory = weights_dir(run_dir, 0)
+    policy.save(directory)
+    weights = next(directory.glob("*.safetensors"))
+    return WeightsPublished(version=0, sha256=sha256_file(weights), location=str(directory), step=0)

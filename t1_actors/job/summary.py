@@ -1,0 +1,104 @@
+"""Phase 5 of the campaign: ``RUN/summary.json`` and the plots, both read from the log alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from storage import EventLog
+
+from ..eval_stats import eval_outcomes, first_attempts, paired_change
+from ..skill_report import EvalPasses, scored, skill_report
+from .layout import log_path
+from .sft import sft_passes_log
+
+
+def code_version() -> dict[str, Any] | None:
+    """The commit the run's code came from (and whether the tree had changes): which code a figure is of."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None  # not a git checkout (an installed wheel)
+    return {"commit": commit, "dirty": bool(dirty)}
+
+
+def write_summary(run_dir: Path, *, eval_before, eval_after, actors: list[str], counts: dict[str, int],
+                  extra: dict[str, Any]) -> dict[str, Any]:
+
+    summary = {"eval_before": scored(eval_before), "eval_after": scored(eval_after), "actors": actors,
+               "events": counts, **extra}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    return summary
+
+
+def eval_change(log, sft_log=None, passes=None) -> dict[str, Any] | None:
+    """The paired before/after comparison over the eval tasks (None until both evals are in the log).
+
+    Eval trials carry the label of their pass (``before`` / ``after``); in logs written before labels
+    existed they are told apart by the learner's version they were issued at (version 0 before, any later
+    one after). ``sft_log``: the log the SFT policy's passes are read from (``[eval] sft_passes``);
+    ``passes``: those logs' ``EvalPasses`` when the caller has read them already."""
+    attempts = (passes or EvalPasses.read(log, sft_log)).attempts
+    if "before" in attempts and "after" in attempts:
+        return paired_change(first_attempts(attempts["before"]), first_attempts(attempts["after"])).as_dict()
+    if attempts or sft_log is not None:
+        return None
+    by_version = eval_outcomes(e for _, e in log.events(kinds=["trial_issued", "verifier_result"]))
+    versions = sorted(by_version)
+    if len(versions) < 2:
+        return None
+    after: dict = {}
+    for version in versions[1:]:
+        after.update(by_version[version])
+    return paired_change(by_version[versions[0]], after).as_dict()
+
+
+def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write_report=None,
+              code: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Phase 5: summary.json and the plots, both from the log alone."""
+    log = EventLog.open(log_path(run_dir))
+    sft_log = sft_passes_log(config)
+    passes = EvalPasses.read(log, sft_log)
+    evals = passes.results
+    counts = log.counts()
+    roles = sorted({spec.role for spec in config.actors})
+    report: dict[str, Any] = {}
+    try:
+        report = write_report(run_dir) if write_report is not None else {}
+    except Exception as exc:  # plots must never cost the run its summary
+        console.log(f"[yellow]plots failed: {exc!r}")
+    ppo_cfg, staleness = config.section("ppo"), config.section("staleness")
+    recipe = {"advantage_estimator": ppo_cfg.advantage_estimator, "group_size": staleness.group_size,
+              "actor_params": list(ppo_cfg.actor_params), "reward": f"P / {ppo_cfg.reward_scale}"}
+    skill = skill_report(passes, run_temperature=config.section("sampler").temperature, recipe=recipe)
+    skill["kl_rl_sft"] = report.get("kl_rl_sft") if isinstance(report, dict) else None
+    summary = write_summary(run_dir, eval_before=evals.get("before"), eval_after=evals.get("after"), actors=roles,
+                            counts=counts, extra={"sft": sft, "timings_s": {k: round(v, 1) for k, v in timings.items()},
+                                                  "report": report, "eval_change": eval_change(log, sft_log, passes), "code": code,
+                                                  "sft_passes_from": config.section("campaign").warm_start_from
+                                                  if sft_log is not None else None, **skill})
+    before, after, change = summary["eval_before"], summary["eval_after"], summary["eval_change"]
+    if before and after:
+        console.log(f"[bold]eval resolved: {before['resolved_rate']:.1%} -> {after['resolved_rate']:.1%} "
+                    f"(n={after['n']}); mean reward {before['mean_reward']:.3f} -> {after['mean_reward']:.3f}")
+    if change:
+        low, high = change["reward_delta_ci95"]
+        console.log(f"paired over {change['tasks']} eval tasks: {change['gained']} newly resolved, {change['lost']} "
+                    f"lost (exact McNemar p = {change['mcnemar_p']:.3g}); reward change {change['reward_delta']:+.3f} "
+                    f"(95 % CI {low:+.3f} .. {high:+.3f})")
+    vs_best = summary.get("eval_change_vs_sft_best")
+    if vs_best and summary.get("eval_sft_best") and summary.get("eval_rl_best"):
+        s, r = summary["eval_sft_best"], summary["eval_rl_best"]
+        low, high = vs_best["reward_delta_ci95"]
+        console.log(f"[bold]RL at its best T = {r['temperature']:g} vs SFT at its best T = {s['temperature']:g}: "
+                    f"{s['resolved_rate']:.1%} -> {r['resolved_rate']:.1%}; {vs_best['gained']} gained, "
+                    f"{vs_best['lost']} lost (exact McNemar p = {vs_best['mcnemar_p']:.3g}); reward change "
+                    f"{vs_best['reward_delta']:+.3f} (95 % CI {low:+.3f} .. {high:+.3f})")
+    console.log(f"summary: {run_dir / 'summary.json'}")
+    return summary
