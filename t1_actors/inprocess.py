@@ -11,7 +11,7 @@ import trio
 from t1_actors.backends.local_sandbox import LocalSandboxBackend
 from t1_actors.backends.sampler_backend import GenerateSpec
 from t1_actors.policy.sampling import SamplingParams
-from t1_actors.rollout import Generation, ToolOutcome
+from t1_actors.rollout import ToolOutcome
 from t1_actors.verification import Verifier
 
 
@@ -41,7 +41,7 @@ class InProcessPorts:
         update = {k: v for k, v in (("seed", seed), ("temperature", temperature)) if v is not None}
         params = self.params.model_copy(update=update) if update else self.params
         [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), params)])
-        return Generation(g.output_ids, g.logprobs, g.routing, g.policy_version, g.finish_reason)
+        return g
 
     async def cancel(self, trial_id, *, sandbox_id=None):
         for turn in range(64):

@@ -20,21 +20,11 @@ from typing import Any, Awaitable, Callable, Protocol
 import numpy as np
 
 from .policy.chat_template import parse_tool_calls, render_chat
+from .policy.sampling import Generation
 
 Render = Callable[..., str]  # (messages, add_generation_prompt=...) -> text, e.g. ChatTokenizer.apply_chat_template
 
 SYSTEM_PROMPT = "You are a shell agent. Run one bash command per turn with a tool call. Answer done when finished."
-
-
-@dataclass(frozen=True)
-class Generation:
-    """What a sampler returns for one turn."""
-
-    output_ids: np.ndarray  # int32 [n]
-    logprobs: np.ndarray  # float32 [n]
-    routing: np.ndarray | None  # [len(prompt)+n-1, L, k]
-    policy_version: int
-    finish_reason: str  # stop | length | cancelled | error
 
 
 @dataclass(frozen=True)
@@ -62,10 +52,33 @@ class RolloutLimits:
 
 @dataclass
 class TurnRecord:
+    """One played turn: what the sampler saw and returned, the text it decodes to, the commands parsed.
+
+    It is the turn TITO assembles (``tito.TurnLike``): ``sampled_ids``, ``sampler_logprobs``, ``routing``
+    and ``policy_version`` are the generation's own arrays, never copies under other names.
+    """
+
     prompt_ids: np.ndarray
     generation: Generation
     text: str
     commands: list[str]
+    token_versions = None  # one policy version for the whole turn (a continuation starts a new turn)
+
+    @property
+    def sampled_ids(self) -> np.ndarray:
+        return self.generation.output_ids
+
+    @property
+    def sampler_logprobs(self) -> np.ndarray:
+        return self.generation.logprobs
+
+    @property
+    def routing(self) -> np.ndarray | None:
+        return self.generation.routing
+
+    @property
+    def policy_version(self) -> int:
+        return self.generation.policy_version
 
 
 @dataclass

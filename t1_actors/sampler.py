@@ -17,12 +17,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import torch
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas import Ack, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn
+from schemas import Ack, GenerateReply, GenerateRequest, PolicyUpdate
 
 from .backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend
 from .job.layout import sha256_file
@@ -115,14 +114,9 @@ class SamplerActor(Actor):
             [generation] = await backend.generate([spec])
             nursery.cancel_scope.cancel()
         self._turns += 1
-        await self.log(SamplerTurn(
-            trial_id=request.trial_id, turn=request.turn, prompt_ids=request.input_ids.astype(np.int32),
-            sampled_ids=generation.output_ids, sampler_logprobs=generation.logprobs, routing=generation.routing,
-            policy_version=generation.policy_version, finish_reason=generation.finish_reason,
-            temperature=request.temperature, top_p=request.top_p, sampler_id=self.name))
-        return GenerateReply(trial_id=request.trial_id, turn=request.turn, output_ids=generation.output_ids,
-                             logprobs=generation.logprobs, routing=generation.routing,
-                             policy_version=generation.policy_version, finish_reason=generation.finish_reason)
+        await self.log(generation.to_event(request.trial_id, request.turn, request.input_ids,
+                                           temperature=request.temperature, top_p=request.top_p, sampler_id=self.name))
+        return generation.to_reply(request.trial_id, request.turn)
 
     async def _cancel_when_asked(self, backend: SamplerBackend, trial_id: str, request_id: str) -> None:
         while not self.cancel_requested(trial_id):

@@ -26,7 +26,8 @@ from .job.config import CampaignConfig
 from .job.layout import checkpoints_dir, log_path, tokenizer_path
 from .job.schedule import Controller, TaskSplits, play_schedule
 from .policy.tokenizer import load_tokenizer, special_token_ids
-from .rollout import Generation, ToolOutcome
+from .policy.sampling import Generation
+from .rollout import ToolOutcome
 from .runtime.actor import Actor
 from .tasks import build_task_sets
 from .trials import BatchStats, TrialRunner
@@ -60,7 +61,7 @@ class ActorPorts:
             trial_id=trial_id, turn=turn, input_ids=prompt_ids, max_new_tokens=c.max_new_tokens,
             temperature=temperature or self.actor.temperature, top_p=self.actor.top_p, stop_ids=[self.stop_id],
             policy_version_wanted=self.actor.version, seed=seed))
-        return Generation(reply.output_ids, reply.logprobs, reply.routing, reply.policy_version, reply.finish_reason)
+        return Generation.from_reply(reply, len(prompt_ids))
 
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
         message = Cancel(trial_id=trial_id, reason="batch full")

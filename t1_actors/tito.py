@@ -63,7 +63,7 @@ class TitoDriftError(RuntimeError):
 
 
 class TurnLike(Protocol):
-    """One sampler turn. ``schemas.SamplerTurn`` events and ``Turn`` both fit."""
+    """One sampler turn. ``schemas.SamplerTurn`` events, the rollout's ``TurnRecord`` and ``Turn`` all fit."""
 
     prompt_ids: np.ndarray
     sampled_ids: np.ndarray

@@ -126,12 +126,9 @@ class TrialRunner:
             result = await self.ports.verify(sandbox_id or trial_id, task_id)
         outcome = TrialOutcome(trial_id, task_id, task.family or "", rollout, result)
         if assemble and result is not None and result.infra_error is None:
-            turns = [tito.Turn(prompt_ids=t.prompt_ids, sampled_ids=t.generation.output_ids,
-                               sampler_logprobs=t.generation.logprobs, routing=t.generation.routing,
-                               policy_version=t.generation.policy_version) for t in rollout.turns]
-            outcome.chunks = tito.assemble(turns, self.tokenizer, reward=result.reward, repairs=self.tito_repairs)
+            outcome.chunks = tito.assemble(rollout.turns, self.tokenizer, reward=result.reward, repairs=self.tito_repairs)
             outcome.tito = tito.tito_metrics(outcome.chunks)
-            outcome.oldest_version = min(t.generation.policy_version for t in rollout.turns)
+            outcome.oldest_version = min(t.policy_version for t in rollout.turns)
         return outcome
 
 
@@ -179,7 +176,7 @@ async def run_eval(runner: TrialRunner, task_ids: list[str], *, label: str, conc
     by ``eval_seed``: resolved rate (all tests pass) over the trials, mean reward, 95 % CI."""
     outcomes = await play_all(runner, task_ids, "eval", assemble=False, concurrency=concurrency, label=label,
                               samples=samples, temperature=temperature)
-    versions = [t.generation.policy_version for o in outcomes for t in o.rollout.turns]
+    versions = [t.policy_version for o in outcomes for t in o.rollout.turns]
     scored = [o for o in outcomes if o.result is not None and o.result.infra_error is None]
     resolved = sum(o.resolved for o in scored)
     per_family: dict[str, list[float]] = {}

@@ -17,7 +17,8 @@ from t1_actors import tito
 from t1_actors.policy import ChatTokenizer, load_tokenizer
 from t1_actors.policy.chat_tokenizer import BASH_TOOL
 from t1_actors.policy.tokenizer import DEFAULT_TOKENIZER, special_token_ids
-from t1_actors.rollout import Generation, ToolOutcome, assistant_message, run_trial
+from t1_actors.policy.sampling import Generation
+from t1_actors.rollout import ToolOutcome, assistant_message, run_trial
 
 from _qwen3 import qwen3, qwen3_dir
 
@@ -162,7 +163,7 @@ def test_an_agent_loop_on_the_qwen3_template_trains_on_the_sampled_ids(tok):
 
     async def sample(prompt_ids, turn):
         ids = np.asarray(tok.encode(texts[turn]), dtype=np.int32)
-        return Generation(ids, np.zeros(len(ids), np.float32), None, 0, "stop")
+        return Generation(len(prompt_ids), ids, np.zeros(len(ids), np.float32), None, "stop", 0)
 
     async def execute(command, turn):
         commands.append(command)

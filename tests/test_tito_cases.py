@@ -12,7 +12,8 @@ import trio
 import schemas
 from t1_actors import tito
 from t1_actors.policy.chat_template import IM_END, render_chat
-from t1_actors.rollout import Generation, RolloutLimits, ToolOutcome, run_trial
+from t1_actors.policy.sampling import Generation
+from t1_actors.rollout import RolloutLimits, ToolOutcome, run_trial
 
 from _tito_harness import (
     decode, encode, no_separator, noncanonical, parsed, play, project_tokenizer, row_token, strip_reasoning,
@@ -95,7 +96,7 @@ def test_project_rollout_harness(tok):
         ids = noncanonical(tok, texts[turn], rng) if turn == 1 else encode(tok, texts[turn])
         seen.append(tito.Turn(prompt_ids, ids, np.full(len(ids), -0.5, np.float32),
                               traceable_routing(turn, np.concatenate([prompt_ids, ids])), policy_version=3))
-        return Generation(ids, np.full(len(ids), -0.5, np.float32), None, 3, "stop")
+        return Generation(len(prompt_ids), ids, np.full(len(ids), -0.5, np.float32), None, "stop", 3)
 
     async def execute(command, turn):
         return ToolOutcome(0, f"ran {command}\n")

@@ -20,11 +20,12 @@ from typing import Any, Protocol
 import numpy as np
 import trio
 
-from schemas import SamplerTurn, SandboxExec, TrialEnded, TrialIssued
+from schemas import SandboxExec, TrialEnded, TrialIssued
 
 from ..backends._sandbox.interface import SandboxInfraError
 from ..inprocess import InProcessPorts
-from ..rollout import Generation, ToolOutcome
+from ..policy.sampling import Generation
+from ..rollout import ToolOutcome
 
 ORACLE_PATH = "/tmp/t1-oracle/solve.sh"
 
@@ -76,11 +77,9 @@ class EvalPorts(InProcessPorts):
             update["temperature"] = temperature
         params = self.params.model_copy(update=update)
         [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), params)])
-        await self.log(SamplerTurn(trial_id=trial_id, turn=turn, prompt_ids=np.asarray(prompt_ids, np.int32),
-                                   sampled_ids=g.output_ids, sampler_logprobs=g.logprobs, routing=g.routing,
-                                   policy_version=g.policy_version, finish_reason=g.finish_reason,
-                                   temperature=params.temperature, top_p=params.top_p, sampler_id="eval"))
-        return Generation(g.output_ids, g.logprobs, g.routing, g.policy_version, g.finish_reason)
+        await self.log(g.to_event(trial_id, turn, prompt_ids, temperature=params.temperature, top_p=params.top_p,
+                                  sampler_id="eval"))
+        return g
 
     async def verify(self, trial_id: str, task_id: str):
         verification = await trio.to_thread.run_sync(self.verifier.verify, self.tasks[task_id],
