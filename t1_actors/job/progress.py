@@ -67,9 +67,6 @@ async def run_actors(config, campaign: CampaignConfig, console) -> None:
     SIGINT/SIGTERM reach the supervisor, which stops every actor cleanly; the summary is still written
     from whatever the log holds.
     """
-
-
-
     log = EventLog.open(log_path(Path(config.run.dir)))
     # A deadline on the whole phase, so a wedged actor cannot hang the job: RL's bound, the last steps,
     # start-ups, and an hour for the eval protocol's passes (the default run's take ~15 min).
@@ -98,8 +95,6 @@ async def run_actors(config, campaign: CampaignConfig, console) -> None:
 
 async def _follow(log, bar, job, step_lines) -> None:
     """Show the campaign's progress from the log until the final eval appears."""
-
-
     cursor = log.cursor(kinds=["eval_result", "learner_step", "staleness_decision", "verifier_result",
                                "critic_warmup"])
     verified = admitted = 0

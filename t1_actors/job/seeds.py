@@ -84,8 +84,6 @@ def write_table(out: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
 def run_seeds(config, *, seeds: int, out: Path, base: Path | None = None, console=None,
               write_report=None) -> dict[str, Any]:
     """Run seeds 0..seeds-1 (see the module doc) and write the table; returns it."""
-
-
     console = console or Console(stderr=True)
     if seeds < 1:
         raise ValueError(f"--seeds {seeds}: run at least one seed")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from schemas import (
     ActorLifecycle, CriticValues, CriticWarmup, EvalResult, Event, LearnerStep, SamplerTurn, SandboxExec,
@@ -67,62 +68,113 @@ class RunState:
         }
 
 
+_FOLDS: dict[type, Callable[[RunState, Any], None]] = {}
+
+
+def folds(event_type: type[Event]):
+    """Register ``fn(state, event)`` as what an event of this type means for the state."""
+    def register(fn):
+        _FOLDS[event_type] = fn
+        return fn
+    return register
+
+
 def apply(state: RunState, event: Event) -> RunState:
-    """Fold one event into the state (the only place that knows what each event means for it)."""
+    """Fold one event into the state (the ``@folds`` functions below are the only place that knows what
+    each event means for it; an event type without one only counts)."""
     state.events += 1
     state.counts[event.kind] += 1
-    if isinstance(event, TrialIssued):
-        t = state.trial(event.trial_id)
-        t.task_id, t.split, t.version_wanted = event.task_id, event.split, event.policy_version_wanted
-    elif isinstance(event, SamplerTurn):
-        t = state.trial(event.trial_id)
-        t.turns = max(t.turns, event.turn + 1)
-        t.tokens += len(event.sampled_ids)
-        t.versions.add(event.policy_version)
-        if t.status == "issued":
-            t.status = "sampling"
-        if event.finish_reason == "cancelled":
-            t.status = "cancelled"
-    elif isinstance(event, SandboxExec):
-        state.trial(event.trial_id).commands += 1
-    elif isinstance(event, VerifierResult):
-        t = state.trial(event.trial_id)
-        t.task_id = t.task_id or event.task_id
-        t.reward = event.reward
-        if t.status in ("issued", "sampling"):
-            t.status = "verified"
-        state.reward_sum += event.reward
-        state.reward_n += 1
-    elif isinstance(event, TrajectoryAssembled):
-        t = state.trial(event.trial_id)
-        if t.status in ("issued", "sampling", "verified"):
-            t.status = "assembled"
-    elif isinstance(event, StalenessDecision):
-        state.decisions[event.decision] += 1
-        t = state.trial(event.trial_id)
-        # resume: this (cancelled) trial goes on as a new trial (TrialIssued.resumed_from names this one)
-        t.status = {"admit": "admitted", "drop": "dropped", "cancel": "cancelled", "resume": "resumed"}[event.decision]
-    elif isinstance(event, LearnerStep):
-        state.learner_step = event.step
-        state.policy_version = max(state.policy_version or 0, event.policy_version)
-        state.last_metrics = dict(event.metrics)
-    elif isinstance(event, WeightsPublished):
-        if state.policy_version is None or event.version >= state.policy_version:
-            state.policy_version = event.version
-            state.weights_location = event.location
-    elif isinstance(event, CriticValues):
-        state.critic_version = max(state.critic_version or 0, event.critic_version)
-    elif isinstance(event, CriticWarmup):
-        state.critic_warmup = {"epochs": event.epochs, "trajectories": event.trajectories,
-                               "explained_variance_before": event.explained_variance_before,
-                               "explained_variance_after": event.explained_variance_after}
-    elif isinstance(event, EvalResult):
-        state.last_eval = {"label": event.label, "policy_version": event.policy_version, "n": event.n,
-                           "resolved": event.resolved, "mean_reward": event.mean_reward,
-                           "ci": [event.ci_low, event.ci_high]}
-    elif isinstance(event, ActorLifecycle):
-        state.actors[event.actor] = event.state
+    fold = _FOLDS.get(type(event))
+    if fold is not None:
+        fold(state, event)
     return state
+
+
+@folds(TrialIssued)
+def _issued(state: RunState, event: TrialIssued) -> None:
+    t = state.trial(event.trial_id)
+    t.task_id, t.split, t.version_wanted = event.task_id, event.split, event.policy_version_wanted
+
+
+@folds(SamplerTurn)
+def _sampled(state: RunState, event: SamplerTurn) -> None:
+    t = state.trial(event.trial_id)
+    t.turns = max(t.turns, event.turn + 1)
+    t.tokens += len(event.sampled_ids)
+    t.versions.add(event.policy_version)
+    if t.status == "issued":
+        t.status = "sampling"
+    if event.finish_reason == "cancelled":
+        t.status = "cancelled"
+
+
+@folds(SandboxExec)
+def _executed(state: RunState, event: SandboxExec) -> None:
+    state.trial(event.trial_id).commands += 1
+
+
+@folds(VerifierResult)
+def _verified(state: RunState, event: VerifierResult) -> None:
+    t = state.trial(event.trial_id)
+    t.task_id = t.task_id or event.task_id
+    t.reward = event.reward
+    if t.status in ("issued", "sampling"):
+        t.status = "verified"
+    state.reward_sum += event.reward
+    state.reward_n += 1
+
+
+@folds(TrajectoryAssembled)
+def _assembled(state: RunState, event: TrajectoryAssembled) -> None:
+    t = state.trial(event.trial_id)
+    if t.status in ("issued", "sampling", "verified"):
+        t.status = "assembled"
+
+
+@folds(StalenessDecision)
+def _decided(state: RunState, event: StalenessDecision) -> None:
+    state.decisions[event.decision] += 1
+    # resume: this (cancelled) trial goes on as a new trial (TrialIssued.resumed_from names this one)
+    state.trial(event.trial_id).status = {"admit": "admitted", "drop": "dropped", "cancel": "cancelled",
+                                          "resume": "resumed"}[event.decision]
+
+
+@folds(LearnerStep)
+def _stepped(state: RunState, event: LearnerStep) -> None:
+    state.learner_step = event.step
+    state.policy_version = max(state.policy_version or 0, event.policy_version)
+    state.last_metrics = dict(event.metrics)
+
+
+@folds(WeightsPublished)
+def _published(state: RunState, event: WeightsPublished) -> None:
+    if state.policy_version is None or event.version >= state.policy_version:
+        state.policy_version = event.version
+        state.weights_location = event.location
+
+
+@folds(CriticValues)
+def _valued(state: RunState, event: CriticValues) -> None:
+    state.critic_version = max(state.critic_version or 0, event.critic_version)
+
+
+@folds(CriticWarmup)
+def _critic_warmed(state: RunState, event: CriticWarmup) -> None:
+    state.critic_warmup = {"epochs": event.epochs, "trajectories": event.trajectories,
+                           "explained_variance_before": event.explained_variance_before,
+                           "explained_variance_after": event.explained_variance_after}
+
+
+@folds(EvalResult)
+def _evaluated(state: RunState, event: EvalResult) -> None:
+    state.last_eval = {"label": event.label, "policy_version": event.policy_version, "n": event.n,
+                       "resolved": event.resolved, "mean_reward": event.mean_reward,
+                       "ci": [event.ci_low, event.ci_high]}
+
+
+@folds(ActorLifecycle)
+def _lifecycle(state: RunState, event: ActorLifecycle) -> None:
+    state.actors[event.actor] = event.state
 
 
 def fold_state(events: list[tuple[str, Event]], upto: int | None = None) -> RunState:
