@@ -79,7 +79,7 @@ def changed_tokens(prev: tito.Turn, next_prompt: np.ndarray) -> tuple[int, int]:
     seen = np.concatenate([prev.prompt_ids, prev.sampled_ids])
     matcher = difflib.SequenceMatcher(None, seen.tolist(), next_prompt.tolist(), autojunk=False)
     matched = sum(block.size for block in matcher.get_matching_blocks())
-    return len(seen) - tito._common_prefix(seen, next_prompt), len(seen) - matched
+    return len(seen) - tito.repairs._common_prefix(seen, next_prompt), len(seen) - matched
 
 
 def measure(tok: ChatTokenizer, tasks: list, oracle, repairs=tito.REPAIRS) -> dict[str, dict[str, Any]]:

@@ -324,8 +324,8 @@ def test_drift_is_detected_and_raised(tok, monkeypatch):
     shifted = tito.TrajectoryChunk(**{**chunk.__dict__, "loss_mask": np.roll(chunk.loss_mask, 1)})
     assert tito.loss_region_drift(shifted) > 0
 
-    real = tito._build_chunk
-    monkeypatch.setattr(tito, "_build_chunk", lambda *a, **k: tito.TrajectoryChunk(**{**real(*a, **k).__dict__,
+    real = tito.assembly._build_chunk
+    monkeypatch.setattr(tito.assembly, "_build_chunk", lambda *a, **k: tito.TrajectoryChunk(**{**real(*a, **k).__dict__,
                                                                                       "token_ids": ids}))
     with pytest.raises(tito.TitoDriftError, match="1 loss-region tokens"):
         tito.assemble(trial.turns, tok, reward=0.0)
