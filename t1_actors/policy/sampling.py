@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import GenerateReply, SamplerTurn, routing_dtype
 
+from ._columns import Columns
 from ._prefix_cache import PrefixCache, Retained
 from .kv_cache import KVCache
 from .model import MoEPolicy
@@ -102,56 +103,6 @@ def nucleus_mask(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
-class _Columns:
-    """Per-row, per-column payload aligned with the KV cache (the attention mask and the routing).
-
-    Buffers are preallocated and grow by doubling, so appending a decode column costs O(batch).
-    """
-
-    def __init__(self, tensors: dict[str, torch.Tensor]):
-        self.length = next(iter(tensors.values())).shape[1]
-        self._buf = {k: self._grown(v, max(2 * self.length, 64)) for k, v in tensors.items()}
-
-    @property
-    def t(self) -> dict[str, torch.Tensor]:
-        """The filled columns, ``name -> [B, length, ...]`` (views)."""
-        return {k: v[:, :self.length] for k, v in self._buf.items()}
-
-    def append(self, columns: dict[str, torch.Tensor]) -> None:
-        steps = next(iter(columns.values())).shape[1]
-        if self.length + steps > next(iter(self._buf.values())).shape[1]:
-            self._buf = {k: self._grown(v[:, :self.length], 2 * (self.length + steps)) for k, v in self._buf.items()}
-        for k, v in columns.items():
-            self._buf[k][:, self.length:self.length + steps] = v
-        self.length += steps
-
-    def select(self, rows: torch.Tensor) -> None:
-        self._buf = {k: v.index_select(0, rows) for k, v in self._buf.items()}
-
-    def trim_left(self, columns: int) -> None:
-        self._buf = {k: v[:, columns:].contiguous() for k, v in self._buf.items()}
-        self.length -= columns
-
-    def merge(self, other: "_Columns", pad_self: int, pad_other: int) -> None:
-        length = self.length + pad_self
-        capacity = max(2 * length, 64)
-        merged = {}
-        for k, v in self._buf.items():
-            parts = []
-            for buf, filled, pad in ((v, self.length, pad_self), (other._buf[k], other.length, pad_other)):
-                part = buf.new_zeros((buf.shape[0], capacity, *buf.shape[2:]))
-                part[:, pad:pad + filled] = buf[:, :filled]
-                parts.append(part)
-            merged[k] = torch.cat(parts, 0)
-        self._buf, self.length = merged, length
-
-    @staticmethod
-    def _grown(v: torch.Tensor, capacity: int) -> torch.Tensor:
-        out = v.new_zeros((v.shape[0], capacity, *v.shape[2:]))
-        out[:, :v.shape[1]] = v
-        return out
-
-
 class ContinuousBatcher:
     """Continuous batching over one policy. Not thread-safe except ``add``/``cancel`` (lock-guarded).
 
@@ -173,7 +124,7 @@ class ContinuousBatcher:
         self._next_key = 0
         self._rows: list[_Sequence] = []  # active rows, in batch order
         self._cache = None
-        self._columns: _Columns | None = None
+        self._columns: Columns | None = None
         self._last: torch.Tensor | None = None  # [B] last sampled token of each row
         self._seed_source = np.random.default_rng()
         self._id_dtype = routing_dtype(self.config.num_experts)
@@ -275,7 +226,7 @@ class ContinuousBatcher:
         routing = out.routing
         if self.capture_routing and past:
             routing = torch.cat([self._kept_routing(kept, past), routing.to(torch.int32)], 1)
-        columns = _Columns(self._column_payload(mask, routing))
+        columns = Columns(self._column_payload(mask, routing))
         return seqs, cache, columns, self._sample(out.logits[:, -1], seqs)
 
     def _kept_routing(self, kept: list[Retained | None], past: int) -> torch.Tensor:
@@ -286,7 +237,7 @@ class ContinuousBatcher:
                 routing[i, past - len(r.tokens):] = r.routing.to(torch.int32)
         return routing
 
-    def _merge(self, seqs: list[_Sequence], cache: KVCache, columns: "_Columns", tokens: torch.Tensor) -> None:
+    def _merge(self, seqs: list[_Sequence], cache: KVCache, columns: Columns, tokens: torch.Tensor) -> None:
         if self._cache is None:
             self._cache, self._columns, self._rows, self._last = cache, columns, list(seqs), tokens
         else:
