@@ -45,7 +45,7 @@ KNOWN_SECTIONS: dict[str, str] = {
     "ppo": "t1_actors.ppo:PPOConfig",
     "learner": "t1_actors.learner:LearnerConfig",
     "critic": "t1_actors.critic:CriticConfig",
-    "staleness": "t1_actors.admission:StalenessConfig",
+    "staleness": "t1_actors.rollout.admission:StalenessConfig",
     "campaign": "t1_actors.job.config:CampaignConfig",
     "eval": "t1_actors.evaluation:EvalConfig",
 }

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas import EvalResult
 
-from .trials import TrialRunner, run_eval
+from .rollout.trials import TrialRunner, run_eval
 
 POLICIES = ("sft", "rl")
 AT_RUN_TEMPERATURE = {"sft": "before", "rl": "after"}  # the labels summary.json has always read

@@ -3,7 +3,7 @@
 It plays the campaign's schedule (``job.schedule``: SFT eval, warm-up and the critic's warm-up,
 asynchronous PPO, RL eval; each phase skipped on restart when the log shows it done). Trials reach the
 sampler, sandbox and verifier actors through ``ActorPorts``; the orchestration itself is
-``t1_actors.trials`` and the admission rules ``t1_actors.admission``. It learns the learner's version by tailing the log for ``WeightsPublished``.
+``t1_actors.rollout.trials`` and the admission rules ``t1_actors.rollout.admission``. It learns the learner's version by tailing the log for ``WeightsPublished``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from schemas import (
 )
 from storage import EventLog
 
-from .admission import StalenessConfig
+from .rollout.admission import StalenessConfig
 from .evaluation import EvalConfig, pass_k_subset
 from .job.config import CampaignConfig
 from .job.layout import checkpoints_dir, log_path, tokenizer_path
@@ -30,7 +30,7 @@ from .policy.sampling import Generation
 from .rollout import ToolOutcome
 from .runtime.actor import Actor
 from .tasks import build_task_sets
-from .trials import BatchStats, TrialRunner
+from .rollout.trials import BatchStats, TrialRunner
 
 
 class ActorPorts:

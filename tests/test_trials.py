@@ -1,4 +1,4 @@
-"""Trial orchestration (t1_actors.trials) on real engines in one process: eval, warm-up and PPO batches."""
+"""Trial orchestration (t1_actors.rollout.trials) on real engines in one process: eval, warm-up and PPO batches."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import trio
 
 from schemas import EvalResult, StalenessDecision, TrajectoryAssembled, TrialIssued
-from t1_actors.admission import StalenessConfig, admit, grouped, policy_lag, trials_to_launch
+from t1_actors.rollout.admission import StalenessConfig, admit, grouped, policy_lag, trials_to_launch
 from t1_actors.eval_stats import wilson_interval
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
 from t1_actors.backends.sampler_backend import SamplerConfig
@@ -19,11 +19,11 @@ from t1_actors.policy.sampling import SamplingParams
 from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
 from t1_actors.rollout import RolloutLimits
 from t1_actors.tasks import generate
-from t1_actors.trials import TrialRunner, eval_seed, play_all, run_batches, run_eval, run_warmup
+from t1_actors.rollout.trials import TrialRunner, eval_seed, play_all, run_batches, run_eval, run_warmup
 from t1_actors.verification import Verifier, VerifierConfig
 from t1_actors.warmstart import chat_corpus
 
-from t1_actors.inprocess import InProcessPorts
+from t1_actors.rollout.inprocess import InProcessPorts
 
 
 def test_admission_rules():
@@ -141,7 +141,7 @@ def test_batches_admit_exactly_the_batch_and_record_the_cut_tail(world):
             batches["n"] = stats.batches
             return stats.batches >= 2
 
-        from t1_actors.trials import BatchStats
+        from t1_actors.rollout.trials import BatchStats
         stats = BatchStats()
         await run_batches(runner, lambda: next(cycle), config, until=until, wait_for_learner=wait_for_learner,
                           stats=stats)

@@ -124,9 +124,9 @@ class Probe:
         self.sandbox.close()
 
     def runner(self, sampler):
-        from t1_actors.inprocess import InProcessPorts
+        from t1_actors.rollout.inprocess import InProcessPorts
         from t1_actors.policy.sampling import SamplingParams
-        from t1_actors.trials import TrialRunner
+        from t1_actors.rollout.trials import TrialRunner
 
         params = SamplingParams(max_new_tokens=self.campaign.max_new_tokens,
                                 temperature=self.config.section("sampler").temperature, stop_ids=(self.stop_id,))
@@ -137,7 +137,7 @@ class Probe:
     async def evaluate(self, runner, task_ids: list[str]) -> dict:
         """Each task once, its turns seeded by ``eval_seed``: task id -> Outcome."""
         from t1_actors.eval_stats import Outcome
-        from t1_actors.trials import play_all
+        from t1_actors.rollout.trials import play_all
 
         outcomes = await play_all(runner, task_ids, "eval", assemble=False,
                                   concurrency=self.campaign.eval_concurrency)
@@ -149,7 +149,7 @@ class Probe:
         returns in batches of ``[critic] warmup_batch`` (as the critic actor does) before any PPO step."""
         from t1_actors import tito
         from t1_actors.backends.torch_learner import collate
-        from t1_actors.trials import play_all
+        from t1_actors.rollout.trials import play_all
 
         outcomes = await play_all(runner, task_ids, "warmup", assemble=True,
                                   concurrency=self.campaign.eval_concurrency)
@@ -168,7 +168,7 @@ class Probe:
 
         from t1_actors import tito
         from t1_actors.backends.torch_learner import collate
-        from t1_actors.trials import play_all
+        from t1_actors.rollout.trials import play_all
 
         started = time.monotonic()
         outcomes = await play_all(runner, [t for t in task_ids for _ in range(group)], "train", assemble=True,
@@ -311,7 +311,7 @@ async def _shown(show, line: str) -> None:
 
 
 async def run_eval_at(runner, task_ids: list[str], label: str, temperature: float, concurrency: int) -> None:
-    from t1_actors.trials import run_eval
+    from t1_actors.rollout.trials import run_eval
 
     await run_eval(runner, task_ids, label=label, concurrency=concurrency, temperature=temperature)
 

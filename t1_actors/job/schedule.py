@@ -16,9 +16,9 @@ from typing import Awaitable, Callable
 
 import trio
 
-from ..admission import StalenessConfig, grouped
+from ..rollout.admission import StalenessConfig, grouped
 from ..evaluation import EvalConfig, evaluate_policy
-from ..trials import BatchStats, TrialRunner, run_batches, run_warmup
+from ..rollout.trials import BatchStats, TrialRunner, run_batches, run_warmup
 from .config import CampaignConfig
 
 

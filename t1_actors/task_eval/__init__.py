@@ -176,7 +176,7 @@ async def _open_run_policy(args, ports, by_id, parts: dict[str, Any]):
     from ..policy import MoEPolicy
     from ..policy.sampling import SamplingParams
     from ..policy.tokenizer import load_tokenizer, special_token_ids
-    from ..trials import TrialRunner
+    from ..rollout.trials import TrialRunner
     from ._runner import RunPolicy
 
     torch.set_num_threads(args.threads)

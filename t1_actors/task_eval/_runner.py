@@ -23,7 +23,7 @@ import trio
 from schemas import SandboxExec, TrialEnded, TrialIssued
 
 from ..backends._sandbox.interface import SandboxInfraError
-from ..inprocess import InProcessPorts
+from ..rollout.inprocess import InProcessPorts
 from ..policy.sampling import Generation
 from ..rollout import ToolOutcome
 

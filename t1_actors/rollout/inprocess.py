@@ -11,7 +11,7 @@ import trio
 from t1_actors.backends.local_sandbox import LocalSandboxBackend
 from t1_actors.backends.sampler_backend import GenerateSpec
 from t1_actors.policy.sampling import SamplingParams
-from t1_actors.rollout import ToolOutcome
+from t1_actors.rollout.loop import ToolOutcome
 from t1_actors.verification import Verifier
 
 

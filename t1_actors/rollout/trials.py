@@ -20,11 +20,11 @@ import trio
 
 from schemas import EvalResult, StalenessDecision, TrialEnded, TrialIssued, VerifierResult
 
-from . import tito
-from .policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
+from .. import tito
+from ..policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
 from .admission import LengthBias, StalenessConfig, admit, policy_lag
-from .eval_stats import wilson_interval
-from .rollout import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
+from ..eval_stats import wilson_interval
+from .loop import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
 
 
 class TrialPorts(Protocol):

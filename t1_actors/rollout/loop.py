@@ -19,8 +19,8 @@ from typing import Any, Awaitable, Callable, Protocol
 
 import numpy as np
 
-from .policy.chat_template import parse_tool_calls, render_chat
-from .policy.sampling import Generation
+from ..policy.chat_template import parse_tool_calls, render_chat
+from ..policy.sampling import Generation
 
 Render = Callable[..., str]  # (messages, add_generation_prompt=...) -> text, e.g. ChatTokenizer.apply_chat_template
 

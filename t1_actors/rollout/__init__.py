@@ -1,0 +1,17 @@
+"""Rollout: playing trials and turning them into training data.
+
+    loop       the agent loop of one trial: render -> sample -> parse tool calls -> execute -> repeat
+    trials     orchestration over ``TrialPorts``: eval, warm-up and RL batches; TITO assembly per trial
+    admission  the staleness rules: policy lag, admission, oversampling, the tail's length bias
+    inprocess  ``TrialPorts`` over real engines in one process (``t1-probe``, ``t1-actor eval``, tests)
+
+TITO itself (``t1_actors.tito``) is its own package: custom harnesses call it directly.
+"""
+
+from .loop import (
+    SYSTEM_PROMPT, ExecPort, RolloutLimits, SamplePort, ToolOutcome, TrialRollout, TurnRecord, assistant_message,
+    first_messages, run_trial, truncate_output,
+)
+
+__all__ = ["SYSTEM_PROMPT", "ExecPort", "RolloutLimits", "SamplePort", "ToolOutcome", "TrialRollout", "TurnRecord",
+           "assistant_message", "first_messages", "run_trial", "truncate_output"]
