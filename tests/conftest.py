@@ -39,3 +39,16 @@ def s3_endpoint():
 def s3_url(s3_endpoint) -> str:
     """A fresh prefix in the test bucket."""
     return f"s3://{S3_BUCKET}/{uuid.uuid4().hex}/log"
+
+
+@pytest.fixture
+def actor_config(tmp_path):
+    """``make(*actors, **sections)``: a validated run config for actors under test, its run directory under
+    ``tmp_path / "run"`` and a test key; each actor a ``{"name", "role", "actor_class"[, "options"]}`` dict."""
+    from t1_actors.config import parse_config
+
+    def make(*actors: dict, run_id: str = "actor-test", **sections):
+        return parse_config({"run": {"id": run_id, "dir": str(tmp_path / "run"), "hmac_key": "k" * 32},
+                             "actors": list(actors), **sections})
+
+    return make

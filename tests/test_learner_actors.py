@@ -15,7 +15,6 @@ from _learner_data import TINY, sample_trajectories, tiny_policy  # noqa: E402
 from schemas import StalenessDecision, TrialIssued, WeightsPublished  # noqa: E402
 from storage import EventLog  # noqa: E402
 from t1_actors.backends.torch_learner import sha256_file  # noqa: E402
-from t1_actors.config import parse_config  # noqa: E402
 from t1_actors.critic import CriticActor  # noqa: E402
 from t1_actors.learner import LearnerActor  # noqa: E402
 from t1_actors.runtime.host import serve_actor  # noqa: E402
@@ -24,17 +23,13 @@ torch.set_num_threads(1)
 BATCH = 4
 
 
-def _config(tmp_path, *, warmup_trajectories=4, roles=("learner", "critic")):
+def _config(actor_config, *, warmup_trajectories=4, roles=("learner", "critic")):
     actors = {"learner": {"name": "learner-0", "role": "learner", "actor_class": "t1_actors.learner:LearnerActor"},
               "critic": {"name": "critic-0", "role": "critic", "actor_class": "t1_actors.critic:CriticActor"}}
-    return parse_config({
-        "run": {"id": "learner-test", "dir": str(tmp_path / "run"), "hmac_key": "k" * 32},
-        "model": TINY.model_dump(),
-        "learner": {"batch_size": BATCH, "threads": 1, "poll_interval_s": 0.02},
-        "critic": {"warmup_trajectories": warmup_trajectories, "poll_interval_s": 0.02},
-        "ppo": {"minibatches": 2},
-        "actors": [actors[role] for role in roles],
-    })
+    return actor_config(*(actors[role] for role in roles), run_id="learner-test", model=TINY.model_dump(),
+                        learner={"batch_size": BATCH, "threads": 1, "poll_interval_s": 0.02},
+                        critic={"warmup_trajectories": warmup_trajectories, "poll_interval_s": 0.02},
+                        ppo={"minibatches": 2})
 
 
 def _write(log: EventLog, name: str, events) -> None:
@@ -77,8 +72,8 @@ def trio_test(fn):
 
 
 @trio_test
-async def test_critic_and_learner_actors_train_publish_and_resume(tmp_path):
-    config = _config(tmp_path)
+async def test_critic_and_learner_actors_train_publish_and_resume(tmp_path, actor_config):
+    config = _config(actor_config)
     run_dir = config.run.dir
     policy = tiny_policy()
     policy.save(run_dir / "weights" / "v00000")
@@ -122,12 +117,12 @@ async def test_critic_and_learner_actors_train_publish_and_resume(tmp_path):
 
 
 @trio_test
-async def test_critic_warms_up_when_asked_and_only_once(tmp_path):
+async def test_critic_warms_up_when_asked_and_only_once(tmp_path, actor_config):
     from schemas import Ack, Generic
     from t1_actors.runtime.peers import connect
 
     # 100 warm-up trials never arrive: only the request starts the warm-up
-    config = _config(tmp_path, warmup_trajectories=100, roles=("critic",))
+    config = _config(actor_config, warmup_trajectories=100, roles=("critic",))
     policy = tiny_policy()
     log = EventLog.open(config.run.dir / "log", create=True)
     warmup = _trials(policy, "warmup", seed=1)

@@ -13,7 +13,6 @@ import trio
 pytest.importorskip("t1_actors.runtime.host")
 
 from schemas import Cancel, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn  # noqa: E402
-from t1_actors.config import parse_config  # noqa: E402
 from t1_actors.policy import ModelConfig, MoEPolicy  # noqa: E402
 from t1_actors.runtime.errors import RemoteError  # noqa: E402
 from t1_actors.runtime.host import serve_actor  # noqa: E402
@@ -33,14 +32,9 @@ def trio_test(fn):
     return run
 
 
-def _config(tmp_path):
-    return parse_config({
-        "run": {"id": "sampler-test", "dir": str(tmp_path / "run"), "hmac_key": "k" * 32},
-        "model": MODEL,
-        "sampler": {"batch_window_s": 0.001},
-        "actors": [{"name": "sampler-0", "role": "sampler", "actor_class": "t1_actors.sampler:SamplerActor",
-                    "options": {"seed": 3}}],
-    })
+def _config(actor_config):
+    return actor_config({"name": "sampler-0", "role": "sampler", "actor_class": "t1_actors.sampler:SamplerActor",
+                         "options": {"seed": 3}}, run_id="sampler-test", model=MODEL, sampler={"batch_window_s": 0.001})
 
 
 def _request(trial: str, n: int, seed: int = 0) -> GenerateRequest:
@@ -49,8 +43,8 @@ def _request(trial: str, n: int, seed: int = 0) -> GenerateRequest:
 
 
 @trio_test
-async def test_generate_cancel_and_policy_update_over_the_runtime(tmp_path):
-    config = _config(tmp_path)
+async def test_generate_cancel_and_policy_update_over_the_runtime(tmp_path, actor_config):
+    config = _config(actor_config)
     new_policy = MoEPolicy(ModelConfig(**MODEL))
     new_policy.save(tmp_path / "v1")
     sha = hashlib.sha256((tmp_path / "v1" / "model.safetensors").read_bytes()).hexdigest()

@@ -12,7 +12,6 @@ pytest.importorskip("t1_actors.runtime.host")
 
 from schemas import Cancel, ExecRequest, SandboxClose, SandboxExec, SandboxOpen, VerifierResult, VerifyRequest  # noqa: E402
 from t1_actors.backends._sandbox import cgroups  # noqa: E402
-from t1_actors.config import parse_config  # noqa: E402
 from t1_actors.runtime.errors import RemoteError, RequestCancelled  # noqa: E402
 from t1_actors.runtime.host import serve_actor  # noqa: E402
 from t1_actors.runtime.peers import connect  # noqa: E402
@@ -32,24 +31,16 @@ def trio_test(fn):
     return run
 
 
-def _config(tmp_path):
-    from t1_actors import config as run_config
-
-    if "tasks" not in run_config.KNOWN_SECTIONS and "tasks" not in run_config._REGISTERED:
-        run_config.section("tasks")(TasksConfig)  # until the lead lists [tasks] in KNOWN_SECTIONS
-    return parse_config({
-        "run": {"id": "sandbox-test", "dir": str(tmp_path / "run"), "hmac_key": "k" * 32},
-        "tasks": TASKS,
-        "sandbox": {"local": {"base_dir": str(tmp_path / "sandbox")}},
-        "verifier": {"base_dir": str(tmp_path / "verifier")},
-        "actors": [{"name": "sandbox-0", "role": "sandbox", "actor_class": "t1_actors.sandbox:SandboxActor"},
-                   {"name": "verifier-0", "role": "verifier", "actor_class": "t1_actors.verifier:VerifierActor"}],
-    })
+def _config(actor_config, tmp_path):
+    return actor_config({"name": "sandbox-0", "role": "sandbox", "actor_class": "t1_actors.sandbox:SandboxActor"},
+                        {"name": "verifier-0", "role": "verifier", "actor_class": "t1_actors.verifier:VerifierActor"},
+                        run_id="sandbox-test", tasks=TASKS, sandbox={"local": {"base_dir": str(tmp_path / "sandbox")}},
+                        verifier={"base_dir": str(tmp_path / "verifier")})
 
 
 @trio_test
-async def test_trial_through_sandbox_and_verifier_actors(tmp_path):
-    config = _config(tmp_path)
+async def test_trial_through_sandbox_and_verifier_actors(tmp_path, actor_config):
+    config = _config(actor_config, tmp_path)
     task = build_task_sets(TasksConfig(**TASKS)).eval[0]
     with trio.fail_after(240):
         async with trio.open_nursery() as nursery:
