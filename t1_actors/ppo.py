@@ -56,7 +56,8 @@ class PPOConfig(BaseModel):
                     "('*',) = all. Each pattern must match a tensor")
     epochs: int = Field(1, ge=1, description="passes over each batch per PPO step")
     minibatches: int = Field(1, ge=1, description="optimiser steps per epoch (batch split by trajectory)")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature the logprobs are taken at")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature the logprobs are taken at; in a run "
+                                                       "config leave it unset: it is [sampler] temperature")
     old_logprobs: Literal["sampler", "recompute"] = Field(
         "sampler", description="pi_old of the ratio: the sampler's logprobs (TITO+R3 make them faithful) "
                                "or the learner's own, recomputed before the first epoch")

@@ -168,7 +168,7 @@ def test_the_shipped_configs_pass_check(capsys, quick):
      ("actor_params", "backend")),
 ])
 def test_every_entry_point_refuses_what_launch_refuses(tmp_path, capsys, body, keys):
-    """The rules across sections (config_rules) run on every load: launch, check and each actor's own
+    """The rules across sections (job.rules) run on every load: launch, check and each actor's own
     process (t1-actor ROLE --config ...) refuse the same config, naming both keys."""
     path = tmp_path / "run.toml"
     path.write_text('[run]\nid = "x"\ndir = "' + str(tmp_path / "run") + '"\n[[actors]]\nname = "learner-0"\n'
@@ -181,3 +181,16 @@ def test_every_entry_point_refuses_what_launch_refuses(tmp_path, capsys, body, k
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert all(key in err for key in keys), (argv, err)
+
+
+def test_the_learner_temperature_is_the_samplers_unless_set(tmp_path):
+    """One key: [ppo] temperature left unset follows [sampler] temperature (and travels to the actors with
+    the resolved config); set to another value it is refused (above)."""
+    path = tmp_path / "run.toml"
+    path.write_text('[run]\nid = "x"\ndir = "' + str(tmp_path / "run") + '"\n[sampler]\ntemperature = 0.7\n')
+    config = load_config(path)
+    assert config.section("ppo").temperature == 0.7
+    assert parse_config(config.to_jsonable()).section("ppo").temperature == 0.7
+    path.write_text('[run]\nid = "x"\ndir = "' + str(tmp_path / "run") + '"\n[sampler]\ntemperature = 0.7\n'
+                    '[ppo]\ntemperature = 0.7\n')
+    assert load_config(path).section("ppo").temperature == 0.7

@@ -1,4 +1,4 @@
-"""Rules across config sections, run by every load of a run config (``config.parse_config``): ``launch``,
+"""Rules across config sections (and the values one key sets for two), run by every load of a run config (``config.parse_config``): ``launch``,
 ``check`` and every ``t1-actor ROLE`` refuse the same configs, before any process starts.
 
 Each rule raises ``ValueError`` naming both keys and the fix; ``parse_config`` prefixes the source.
@@ -7,12 +7,21 @@ Each rule raises ``ValueError`` naming both keys and the fix; ``parse_config`` p
 from __future__ import annotations
 
 
+def learner_temperature(config) -> None:
+    """One key: ``[ppo] temperature`` left unset is ``[sampler] temperature`` (the logprobs the sampler stores
+    are at its temperature, so the learner's must be too); set, it must equal it (``check_temperatures``)."""
+    ppo_cfg = config.section("ppo")
+    if "temperature" not in ppo_cfg.model_fields_set:
+        config._sections["ppo"] = ppo_cfg.model_copy(update={"temperature": config.section("sampler").temperature})
+
+
 def check_temperatures(config) -> None:
     """PPO's ratio is only right when the learner takes logprobs at the temperature the sampler stored."""
     sampled, trained = config.section("sampler").temperature, config.section("ppo").temperature
     if sampled != trained:
-        raise ValueError(f"[sampler] temperature = {sampled} but [ppo] temperature = {trained}; set both to the "
-                         "same value (the sampler stores logprobs at its temperature)")
+        raise ValueError(f"[sampler] temperature = {sampled} but [ppo] temperature = {trained}; leave [ppo] temperature "
+                         "unset (it follows [sampler] temperature) or set both to the same value (the sampler "
+                         "stores logprobs at its temperature)")
 
 
 def check_groups(config) -> None:
@@ -38,9 +47,12 @@ def check_sft_passes(config) -> None:
                          "whose SFT policy (and its eval passes) this run starts from, or set sft_passes = 'run'")
 
 
+DERIVED = (learner_temperature,)  # values one key sets for two sections, filled in before the rules run
 RULES = (check_temperatures, check_groups, check_actor_params, check_sft_passes)
 
 
 def check_run(config) -> None:
+    for derive in DERIVED:
+        derive(config)
     for rule in RULES:
         rule(config)
