@@ -24,6 +24,7 @@ import pytest
 
 from schemas import ActorLifecycle, LearnerStep, StalenessDecision, WeightsPublished
 from storage import EventLog
+from tools._replay.audit import audit_log
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny.toml"
@@ -132,6 +133,8 @@ def test_campaign_runs_all_six_actors_and_logs_every_event_type(plain_run):
         assert summary[label]["n"] == 12 and 0 <= summary[label]["resolved"] <= 12
         assert {"resolved", "n", "mean_reward"} <= set(summary[label])
     _the_skill_keys_are_filled(summary)
+    audit = audit_log(EventLog.open(run_dir / "log"), run_dir)
+    assert audit.clean, audit.to_json()  # every trial, step and version accounted for; no fact logged twice
     counts = EventLog.open(run_dir / "log").counts()
     assert summary["events"] == counts
     # Every event kind of schemas/events.py is a fact this campaign produces. A sandbox_exec needs the
@@ -271,6 +274,8 @@ def test_learner_killed_mid_campaign_is_restarted_and_nothing_is_lost_or_duplica
     versions = [e.version for _, e in log.events(kinds=["weights_published"]) if isinstance(e, WeightsPublished)]
     assert sorted(versions) == list(range(len(versions))), versions
     assert json.loads((run_dir / "summary.json").read_text())["eval_after"] is not None
+    audit = audit_log(log, run_dir)
+    assert audit.clean and audit.learner_steps == len(steps), audit.to_json()
 
 
 def test_a_campaign_warm_started_from_another_reuses_its_tokenizer_and_sft_policy(plain_run, hostile_run):

@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output directory (default RUN/report)")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("audit", help="is every trial, learner step and weights version accounted for?")
+    p.add_argument("run")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("state", help="state rebuilt by folding the log up to an event")
     p.add_argument("run")
     p.add_argument("--at", default=None, help="event id (writer:seq) or position in log order (default: end)")
@@ -55,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"drift": _drift, "show": _show, "report": _report, "state": _state}[args.command](args)
+        return {"drift": _drift, "show": _show, "report": _report, "state": _state, "audit": _audit}[args.command](args)
     except RunError as exc:
         return fail(str(exc))
 
@@ -181,6 +185,28 @@ def _state(args) -> int:
         table.add_row(key.replace("_", " "), str(out[key]))
     c.print(table)
     return 0
+
+
+def _audit(args) -> int:
+    """Exit 0 when clean (every count that must be 0 is, and something was checked), 1 otherwise."""
+    from tools._replay.audit import Audit, audit_events
+
+    view = RunView.open(args.run)
+    audit = audit_events(view.events, weights_root=view.root)
+    out = audit.to_json()
+    if args.json:
+        print_json(out)
+        return 0 if audit.clean else 1
+    c = console()
+    c.print(styled(("Audit", "bold"), f" of {out['events_checked']} events, {out['trials_issued']} trials, "
+                   f"{out['learner_steps']} learner steps, {out['versions_published']} versions: "),
+            styled(("clean", "green") if audit.clean else ("NOT clean", "red bold")))
+    table = Table("must be 0", "found", "e.g.")
+    for key in Audit.MUST_BE_ZERO:
+        table.add_row(key.replace("_", " "), str(out[key]), "; ".join(out["examples"].get(key, [])))
+    c.print(table)
+    c.print("final states: " + ", ".join(f"{k} {v}" for k, v in sorted(out["final_states"].items())))
+    return 0 if audit.clean else 1
 
 
 def _num(value) -> str:

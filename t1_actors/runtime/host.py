@@ -155,7 +155,7 @@ class ActorHost:
         self.ctx.writer = await _open_writer(self.config, self.ctx.name)
         try:
             self.actor = self.actor_cls(self.ctx)
-            await self.log_lifecycle("started")
+            await self.log_lifecycle("started", reason="serving")  # the supervisor logs the spawn: two facts
             async with trio.open_nursery() as nursery:
                 if handle_signals:
                     nursery.start_soon(self._signals)

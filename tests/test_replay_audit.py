@@ -1,0 +1,99 @@
+"""The log audit (`t1-replay audit`): clean on a well-formed log, and it catches each doctored one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from schemas import LearnerStep, StalenessDecision, TrialEnded, TrialIssued, VerifierResult, WeightsPublished
+from t1_actors.job.layout import sha256_file
+from tools._replay.audit import Audit, audit_events
+
+
+def _verified(trial_id: str, reward: float = 0.5, infra_error: str | None = None) -> VerifierResult:
+    return VerifierResult(trial_id=trial_id, task_id="t", tests={"a": "passed"}, passed=1, total=2, reward=reward,
+                          reward_scale=20, verifier_sha256="0" * 64, infra_error=infra_error)
+
+
+def _weights(tmp_path, version: int) -> WeightsPublished:
+    directory = tmp_path / "weights" / f"v{version:06d}"
+    directory.mkdir(parents=True)
+    (directory / "model.safetensors").write_bytes(np.arange(8 + version, dtype=np.int32).tobytes())
+    return WeightsPublished(version=version, sha256=sha256_file(directory / "model.safetensors"),
+                            location=str(directory), step=version)
+
+
+def _decide(trial_id: str, decision: str, reason: str = "") -> StalenessDecision:
+    return StalenessDecision(trial_id=trial_id, decision=decision, lag=0, policy_version=0, reason=reason)
+
+
+@pytest.fixture
+def events(tmp_path) -> list:
+    """A small campaign's log: an eval trial, a warm-up one, train trials admitted, dropped, cancelled and
+    closed, cancelled and resumed, one failed by its sandbox; two learner steps; three versions."""
+    facts = [_weights(tmp_path, 0),
+             TrialIssued(trial_id="e0", task_id="t", split="eval", policy_version_wanted=0), _verified("e0"),
+             TrialIssued(trial_id="w0", task_id="t", split="warmup", policy_version_wanted=0), _verified("w0", 0.1)]
+    for n in range(5):
+        facts.append(TrialIssued(trial_id=f"r{n}", task_id="t", split="train", policy_version_wanted=0))
+    facts += [_verified("r0"), _decide("r0", "admit"), _verified("r1", 0.2), _decide("r1", "drop", "batch full"),
+              _decide("r2", "cancel", "batch full"), _decide("r3", "cancel", "batch full; kept"),
+              _decide("r3", "resume", "continued as r3~c1"),
+              TrialIssued(trial_id="r3~c1", task_id="t", split="train", policy_version_wanted=0, resumed_from="r3"),
+              _verified("r3~c1", 0.3), _decide("r3~c1", "admit"),
+              TrialEnded(trial_id="r4", finish="infra_error", infra_error="sandbox: environment build failed"),
+              LearnerStep(step=0, policy_version=1, trials=["r0"], metrics={}), _weights(tmp_path, 1),
+              LearnerStep(step=1, policy_version=2, trials=["r3~c1"], metrics={}), _weights(tmp_path, 2)]
+    return [(f"w:{i}", e) for i, e in enumerate(facts)]
+
+
+def test_a_well_formed_log_is_clean_and_says_what_it_checked(events):
+    audit = audit_events(events)
+    assert audit.clean, audit.to_json()
+    assert (audit.events_checked, audit.trials_issued, audit.learner_steps, audit.weights_checked) == (len(events), 8, 2, 3)
+    assert audit.final_states == {"verified": 2, "admit": 2, "drop": 1, "cancelled, closed": 1,
+                                  "cancelled, resumed": 1, "failed": 1}
+
+
+def test_an_audit_that_checked_nothing_is_not_clean():
+    assert not audit_events([]).clean
+
+
+def _without(events, kind: str, trial_id: str) -> list:
+    return [(i, e) for i, e in events if not (e.kind == kind and getattr(e, "trial_id", None) == trial_id)]
+
+
+@pytest.mark.parametrize("doctor, finding", [
+    (lambda ev, tmp: _without(ev, "staleness_decision", "r0"), "trials_unaccounted"),  # a final state removed
+    (lambda ev, tmp: _without(ev, "verifier_result", "e0"), "trials_unaccounted"),
+    (lambda ev, tmp: _without(ev, "trial_ended", "r4"), "trials_unaccounted"),
+    (lambda ev, tmp: ev + [("w:99", ev[3][1])], "events_duplicated"),  # an event logged twice
+    (lambda ev, tmp: ev + [ev[3]], "events_duplicated"),  # an event id twice
+    (lambda ev, tmp: ev + [("w:99", _decide("r1", "admit"))], "trials_final_twice"),
+    (lambda ev, tmp: _without(ev, "trial_issued", "r3~c1"), "continuations_unlinked"),
+    (lambda ev, tmp: [(i, e) for i, e in ev if not (e.kind == "learner_step" and e.step == 0)],  # a step skipped
+     "learner_steps_gap"),
+    (lambda ev, tmp: ev + [("w:99", LearnerStep(step=2, policy_version=3, trials=["r0"], metrics={}))],
+     "trajectories_consumed_twice"),
+    (lambda ev, tmp: ev + [("w:99", LearnerStep(step=2, policy_version=3, trials=["r1"], metrics={}))],
+     "trajectories_consumed_unadmitted"),
+    (lambda ev, tmp: ev + [("w:99", WeightsPublished(version=1, sha256="0" * 64, location="x", step=1))],
+     "versions_out_of_order"),
+])
+def test_the_audit_catches_each_doctored_log(events, tmp_path, doctor, finding):
+    audit = audit_events(doctor(events, tmp_path))
+    assert getattr(audit, finding) >= 1, audit.to_json()
+    assert not audit.clean
+    assert audit.examples[finding]
+
+
+def test_a_changed_weights_file_is_caught(events, tmp_path):
+    (tmp_path / "weights" / "v000001" / "model.safetensors").write_bytes(b"not the published weights")
+    audit = audit_events(events)
+    assert audit.weights_mismatched == 1 and not audit.clean
+    assert "version 1" in audit.examples["weights_mismatched"][0]
+
+
+def test_every_zero_count_is_reported(events):
+    out = audit_events(events).to_json()
+    assert set(Audit.MUST_BE_ZERO) <= set(out) and out["clean"] is True
