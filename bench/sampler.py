@@ -8,14 +8,19 @@ per-session prefix cache vs without (``prefix_cache_speedup``, generated tokens 
 Runs alternate (capture, no capture, capture, ...) so that machine noise hits both alike; each side's
 figure is its best run, timed in process CPU seconds (robust on a shared machine; with one torch
 thread CPU time is the compute time) and, for reference, in wall seconds. Prints a table, then one JSON line with ``capture_overhead`` (1 - with/without)
-and ``routing_bytes_per_token`` (layers * k * bytes per id).
+and ``routing_bytes_per_token`` (layers * k * bytes per id); and t1's sampler against transformers'
+``generate`` on the same weights (``bench/_hf_generate.py``): ``vs_hf_generate_b1`` / ``_b32``, tokens per
+wall second of t1 over transformers' at batch 1 and 32 (the lower of greedy and T = 1, over both model
+shapes; goals >= 1 and >= 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,6 +29,9 @@ from schemas import routing_dtype
 from t1_actors.policy import ModelConfig, MoEPolicy
 from t1_actors.policy.sampling import ContinuousBatcher, SamplingParams, generate
 from t1_actors.policy.tokenizer import default_tokenizer, generic_shell_chats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._hf_generate import compare  # noqa: E402
 
 
 def _prompts(batch: int) -> list[list[int]]:
@@ -69,6 +77,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--vs-hf", nargs="*", default=["tiny", "100m"], choices=["tiny", "100m"],
+                        help="model shapes to compare against transformers' generate (none: skip)")
+    parser.add_argument("--hf-repeats", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -114,7 +125,20 @@ def main() -> None:
           f"without {multi[False]:.3f} cpu s -> x{prefix_speedup:.2f}")
     print(f"routing record: {config.num_layers} layers x k={config.top_k} x "
           f"{routing_dtype(config.num_experts).itemsize} B = {bytes_per_token} B per token")
+    vs_hf = {shape: compare(shape, prompts, new_tokens=args.new_tokens, repeats=args.hf_repeats, dtype=dtype)
+             for shape in args.vs_hf}
+    for shape, result in vs_hf.items():
+        for row, figures in result.get("rows", {}).items():
+            print(f"vs transformers generate, {shape} ({result['parameters_m']} M), {row}: t1 {figures['t1_tok_s']} "
+                  f"tok/s ({figures['t1_capture_tok_s']} with routing capture), transformers {figures['hf_tok_s']} "
+                  f"-> x{figures['ratio']}")
+    ratios = {key: min(r[key] for r in vs_hf.values() if key in r)
+              for key in ("vs_hf_generate_b1", "vs_hf_generate_b32") if any(key in r for r in vs_hf.values())}
     print(json.dumps({"capture_overhead": round(overhead, 4), "routing_bytes_per_token": bytes_per_token,
+                      **{"vs_hf_generate_b1": None, "vs_hf_generate_b32": None}, **ratios, "vs_hf": vs_hf,
+                      "vs_sglang_cpu": None, "vs_vllm_cpu": None,
+                      "serving_engines_absent": "not measured by this bench yet: the SGLang venv (.ci/setup-sglang) "
+                                                "and vLLM-cpu are separate installs",
                       "tokens_per_s_with_capture": round(with_capture, 1),
                       "tokens_per_s_without_capture": round(without, 1), "timing": "process cpu seconds, best of repeats",
                       "batch": args.batch,
