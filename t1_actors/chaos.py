@@ -104,7 +104,7 @@ def plan_faults(seed: int, kills: int, pauses: int) -> list[Fault]:
     for phase in PHASES:
         rng.shuffle(by_phase[phase])
         for fault in by_phase[phase]:
-            fault.gap_s = round(rng.uniform(1.0, 6.0), 2)
+            fault.gap_s = round(rng.uniform(0.3, 3.0), 2)  # the warm-up lasts seconds
             faults.append(fault)
     return faults
 
@@ -139,6 +139,7 @@ class _Watch:
         self.serving: dict[int, float] = {}  # pid -> monotonic time its "serving" event was first seen
         self.phase_started = time.monotonic()
         self.rl_started = False
+        self.trial_ids: list[str] = []
 
     def poll(self) -> None:
         from storage import EventLog
@@ -158,6 +159,7 @@ class _Watch:
                 elif event.state == "started" and event.reason == "serving":
                     self.serving.setdefault(event.pid, time.monotonic())
             elif event.kind == "trial_issued":
+                self.trial_ids.append(event.trial_id)
                 phase = {"warmup": "warm-up", "train": "RL"}.get(event.split)
                 if event.split == "train":
                     self.rl_started = True
@@ -215,46 +217,71 @@ class Orphans:
     processes_tracked: int = 0  # every process seen in the campaign's tree while it ran
     trials_checked: int = 0  # trial ids whose root, mounts and cgroups were looked for
     mounts_scanned: int = 0
-    cgroups_scanned: int = 0
+    cgroup_hierarchies_scanned: int = 0
+    # seen while the campaign ran, by the same matching: the checks look where the run's things are
+    trial_roots_seen: int = 0
+    mounts_seen: int = 0
+    cgroups_seen: int = 0
     left: list[str] = field(default_factory=list)
 
 
-def find_orphans(seen: dict[int, str], trial_ids: list[str], run_dir: Path, sandbox_dir: Path) -> Orphans:
-    """What the run left behind: a process of its tree still alive (same pid and start time), any process
-    naming the run directory, a trial root under the sandbox's ``trials/``, a mount of a trial or of the
-    run, a command cgroup of a trial (``t1-sandbox/<trial>-N``) or of one of the run's verify servers."""
-    found = Orphans(processes_tracked=len(seen), trials_checked=len(trial_ids))
-    me = os.getpid()
-    for pid, start in seen.items():
-        if pid != me and _start_time(pid) == start and _alive(pid):
-            found.left.append(f"process {pid}: {_cmdline(pid)}")
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != me and int(entry.name) not in seen:
-            line = _cmdline(int(entry.name))
-            if str(run_dir) in line and _alive(int(entry.name)) and "t1_actors" in line:
-                found.left.append(f"process {entry.name}: {line}")
+def leftovers(trial_ids: list[str], seen_pids: dict[int, str], run_dir: Path, sandbox_dir: Path,
+              found: Orphans | None = None) -> dict[str, list[str]]:
+    """The run's trial roots, mounts and cgroups present now: a trial root under the sandbox's ``trials/``,
+    a mount of a trial root or inside the run directory, a command cgroup of a trial
+    (``t1-sandbox/<trial dir>-<pid>-<n>``) or of one of the run's verify servers (``verify-<pid>-<n>``)."""
     prefixes = tuple(_SAFE.sub("_", t)[:64] + "-" for t in trial_ids)
-    verify = tuple(f"verify-{pid}-" for pid in seen)
+    verify = tuple(f"verify-{pid}-" for pid in seen_pids)
     trials = sandbox_dir / "trials"
-    if trials.is_dir():
-        found.left += [f"trial root {d}" for d in trials.iterdir() if d.name.startswith(prefixes)]
+    out: dict[str, list[str]] = {"trial roots": [], "mounts": [], "cgroups": []}
+    if trials.is_dir() and prefixes:
+        out["trial roots"] = [str(d) for d in trials.iterdir() if d.name.startswith(prefixes)]
     mounts = Path("/proc/mounts").read_text().splitlines()
-    found.mounts_scanned = len(mounts)
     for line in mounts:
         point = line.split()[1] if len(line.split()) > 1 else ""
         inside = Path(point).relative_to(trials).parts if Path(point).is_relative_to(trials) else ()
-        if str(run_dir) in point or (inside and inside[0].startswith(prefixes)):
-            found.left.append(f"mount {point}")
-    for controller in ("memory", "pids", "unified"):
-        base = _CGROUP_ROOT / controller / "t1-sandbox"
-        if not base.is_dir():
-            continue
-        for group in base.iterdir():
-            if group.is_dir():
-                found.cgroups_scanned += 1
-                if group.name.startswith(prefixes) or group.name.startswith(verify):
-                    found.left.append(f"cgroup {group}")
+        if Path(point).is_relative_to(run_dir) or (inside and prefixes and inside[0].startswith(prefixes)):
+            out["mounts"].append(point)
+    hierarchies = [_CGROUP_ROOT / c / "t1-sandbox" for c in ("memory", "pids", "unified")]
+    hierarchies = [h for h in hierarchies if h.is_dir()]
+    for base in hierarchies:
+        out["cgroups"] += [str(g) for g in base.iterdir() if g.is_dir() and (prefixes or verify)
+                           and g.name.startswith(prefixes + verify)]
+    if found is not None:
+        found.mounts_scanned, found.cgroup_hierarchies_scanned = len(mounts), len(hierarchies)
+    return out
+
+
+def find_orphans(seen: dict[int, str], trial_ids: list[str], run_dir: Path, sandbox_dir: Path,
+                 found: Orphans | None = None) -> Orphans:
+    """What the run left behind: a process of its tree still alive (same pid and start time), any other
+    t1_actors process naming the run directory (not this command nor its callers), and ``leftovers``."""
+    found = found or Orphans()
+    found.processes_tracked, found.trials_checked = len(seen), len(trial_ids)
+    mine = _ancestors(os.getpid())
+    for pid, start in seen.items():
+        if pid not in mine and _start_time(pid) == start and _alive(pid):
+            found.left.append(f"process {pid}: {_cmdline(pid)}")
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) not in mine and int(entry.name) not in seen:
+            line = _cmdline(int(entry.name))
+            if str(run_dir) in line and "t1_actors" in line and _alive(int(entry.name)):
+                found.left.append(f"process {entry.name}: {line}")
+    for what, items in leftovers(trial_ids, seen, run_dir, sandbox_dir, found).items():
+        found.left += [f"{what[:-1]} {item}" for item in items]
     return found
+
+
+def _ancestors(pid: int) -> set[int]:
+    """``pid`` and the processes above it (this command, and a wrapper such as flock or timeout)."""
+    out = set()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return out
 
 
 def _cmdline(pid: int) -> str:
@@ -292,17 +319,24 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
     paused: list[tuple[float, int]] = []  # (SIGCONT due, pid)
     next_at = started
     timed_out = False
+    orphans = Orphans()
+    observed: dict[str, set[str]] = {"trial roots": set(), "mounts": set(), "cgroups": set()}
+    sampled = 0.0
     with open(output, "w") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             while process.poll() is None:
-                time.sleep(0.25)
+                time.sleep(0.2)
                 now = time.monotonic()
                 if now - started > timeout_s:
                     timed_out = True
                     process.send_signal(signal.SIGTERM)
                     break
-                seen.update(_tree(process.pid))
+                if now - sampled >= 1.0:  # the run's processes, trial roots, mounts and cgroups as they come
+                    sampled = now
+                    seen.update(_tree(process.pid))
+                    for what, items in leftovers(watch.trial_ids, seen, run_dir, sandbox_dir).items():
+                        observed[what].update(items)
                 for due, pid in [p for p in paused if p[0] <= now]:
                     _signal(pid, signal.SIGCONT)
                     paused.remove((due, pid))
@@ -339,7 +373,9 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
     log = EventLog.open(run_dir / "log")
     audit = audit_log(log, run_dir)
     trial_ids = [e.trial_id for _, e in log.events(kinds=["trial_issued"])]
-    orphans = find_orphans(seen, trial_ids, run_dir, sandbox_dir)
+    orphans.trial_roots_seen, orphans.mounts_seen, orphans.cgroups_seen = (
+        len(observed["trial roots"]), len(observed["mounts"]), len(observed["cgroups"]))
+    find_orphans(seen, trial_ids, run_dir, sandbox_dir, orphans)
     lifecycle = [e for _, e in log.events(kinds=["actor_lifecycle"])]
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
