@@ -361,7 +361,10 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
                 say(f"chaos: {fault.kind} {fault.role} pid {pid} in {watch.phase} at {fault.at_s}s")
                 pending.pop(0)
                 next_at = now
-            process.wait(timeout=120 if timed_out else None)
+            try:
+                process.wait(timeout=120 if timed_out else None)
+            except subprocess.TimeoutExpired:
+                pass  # killed below
         finally:
             for _, pid in paused:
                 _signal(pid, signal.SIGCONT)
@@ -370,6 +373,9 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
                 process.wait()
     wall = time.monotonic() - started
     time.sleep(1.0)  # the supervisor's last SIGKILLs are reaped by now; anything still there is left over
+    if not (run_dir / "log").exists():
+        raise RuntimeError(f"the campaign exited ({process.returncode}) before it created its log: nothing to "
+                           f"audit; its output is in {output}")
     log = EventLog.open(run_dir / "log")
     audit = audit_log(log, run_dir)
     trial_ids = [e.trial_id for _, e in log.events(kinds=["trial_issued"])]
@@ -450,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run_chaos(args.config, quick=args.quick, kills=args.kills, pauses=args.pauses, seed=args.seed,
                            run_dir=args.run_dir, timeout_s=args.timeout_s, say=say)
-    except FileExistsError as error:
+    except (FileExistsError, RuntimeError) as error:
         print(f"t1-actor chaos: {error}", file=sys.stderr)
         return 2
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
