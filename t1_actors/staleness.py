@@ -87,6 +87,9 @@ class ActorPorts:
         return self.actor.version
 
 
+ABANDONED_WAIT_S = 30.0  # how long a restarted controller waits for verifications its predecessor asked for
+
+
 class StalenessActor(Actor):
     role = "staleness"
 
@@ -165,25 +168,17 @@ class StalenessActor(Actor):
         controller = Controller(logger=self.logger, version=lambda: self.version, wait_for_version=self.wait_for_version,
                                 events=self._events, rl_seconds_left=self._rl_seconds_left,
                                 warm_up_critic=warm_up_critic)
-        # Trials a killed predecessor left open: read before this one issues any, closed beside the schedule.
+        # Trials a killed predecessor left open, closed before this one issues any. Not beside the schedule:
+        # a restart late in the final eval lets the last pass end (and the campaign stop) within the wait.
         abandoned = open_trials(await self._trial_events())
-        closed = trio.Event()
-
-        async def close_predecessors() -> None:
-            try:
-                if abandoned:
-                    self.logger.warning("closing_abandoned_trials", n=len(abandoned))
-                    version = max((e.version for e in await self._events("weights_published")), default=0)
-                    await close_abandoned(abandoned, self._trial_events, runner.ports.log, self._close_quietly,
-                                          version)
-            finally:
-                closed.set()
-
+        if abandoned:
+            self.logger.warning("closing_abandoned_trials", n=len(abandoned))
+            version = max((e.version for e in await self._events("weights_published")), default=0)
+            await close_abandoned(abandoned, self._trial_events, runner.ports.log, self._close_quietly, version,
+                                  wait_s=ABANDONED_WAIT_S)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_versions)
-            nursery.start_soon(close_predecessors)
             await play_schedule(runner, controller, self.splits, campaign=self.campaign, staleness=self.staleness,
                                 eval_config=self.eval_config, run_temperature=self.temperature, stats=self.stats)
-            await closed.wait()  # the campaign ends only once every trial issued has its final state
             nursery.cancel_scope.cancel()
         self.logger.info("campaign_schedule_done", policy_version=self.version)

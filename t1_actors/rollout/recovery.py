@@ -81,7 +81,8 @@ async def close_abandoned(pending: list[OpenTrial], events: Callable[[], Awaitab
     trial of its own: every one belongs to a dead controller); returns the ids closed here.
 
     ``events()`` reads the log's trial events now; ``log(*events)`` appends and commits them. The trials
-    awaiting their verifier are waited for up to ``wait_s``, so this may run beside the schedule."""
+    awaiting their verifier are waited for up to ``wait_s``. Await it before playing on: run beside the
+    schedule, a short last pass could end the campaign (and cancel this) before the wait is over."""
     closed: list[str] = []
     waiting = [t for t in pending if t.split != "train" and t.ended]
     now = [t for t in pending if t not in waiting]
