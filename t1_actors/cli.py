@@ -6,6 +6,7 @@
     t1-actor check --config run.toml                  validate the config and every actor's class/options
     t1-actor run-task TASK_DIR [--oracle] [--json]    one task in a local sandbox, then its verifier
     t1-actor eval --tasks DIR --policy P [--attempts K] a policy on a task set: resolved rate, CI, pass@k
+    t1-actor chaos --config run.toml [--quick] [--kills N] a campaign under kill -9 and pauses, then its audit
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 
 from . import __version__
 
-_COMMANDS = ("launch", "check", "run-task", "eval")
+_COMMANDS = ("launch", "check", "run-task", "eval", "chaos")
 
 
 def _role_table() -> dict[str, str]:
@@ -52,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("run-task", help="run one task in a local sandbox and verify it (see run-task --help)",
                    add_help=False)
     sub.add_parser("eval", help="a policy (oracle, noop, run:RUN) on a task set (see eval --help)", add_help=False)
+    sub.add_parser("chaos", help="a campaign under fault injection, then its log's audit (see chaos --help)",
+                   add_help=False)
     for role in roles:
         _add_role(sub, role)
     return parser
@@ -74,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         from .task_eval import main as task_eval
 
         return task_eval(argv[1:])
+    if argv and argv[0] == "chaos":
+        from .chaos import main as chaos
+
+        return chaos(argv[1:])
     parser = _parser()
     if argv and not argv[0].startswith("-") and argv[0] not in _COMMANDS and argv[0] not in _role_table():
         _add_role(parser._subparsers._group_actions[0], argv[0])  # a role from actor_class in the config

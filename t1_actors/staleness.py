@@ -1,7 +1,8 @@
 """The staleness controller actor: issues trials, admits or drops them by policy lag, cuts the tail.
 
 It plays the campaign's schedule (``job.schedule``: SFT eval, warm-up and the critic's warm-up,
-asynchronous PPO, RL eval; each phase skipped on restart when the log shows it done). Trials reach the
+asynchronous PPO, RL eval; each phase skipped on restart when the log shows it done; the trials a killed
+predecessor left open are closed with their reason first: ``rollout.recovery``). Trials reach the
 sampler, sandbox and verifier actors through ``ActorPorts``; the orchestration itself is
 ``t1_actors.rollout.trials`` and the admission rules ``t1_actors.rollout.admission``. It learns the learner's version by tailing the log for ``WeightsPublished``.
 """
@@ -30,7 +31,9 @@ from .policy.sampling import Generation
 from .rollout import ToolOutcome
 from .runtime.actor import Actor
 from .tasks import build_task_sets
+from .rollout.recovery import close_abandoned, open_trials
 from .rollout.trials import BatchStats, TrialRunner
+from .runtime.errors import RuntimeFault
 
 
 class ActorPorts:
@@ -84,6 +87,9 @@ class ActorPorts:
         return self.actor.version
 
 
+ABANDONED_WAIT_S = 30.0  # how long a restarted controller waits for verifications its predecessor asked for
+
+
 class StalenessActor(Actor):
     role = "staleness"
 
@@ -133,6 +139,17 @@ class StalenessActor(Actor):
     async def _events(self, kind: str) -> list:
         return await trio.to_thread.run_sync(lambda: [e for _, e in self.reader.events(kinds=[kind])])
 
+    async def _trial_events(self) -> list:
+        kinds = ["trial_issued", "staleness_decision", "trial_ended", "verifier_result"]
+        return await trio.to_thread.run_sync(lambda: [e for _, e in self.reader.events(kinds=kinds)])
+
+    async def _close_quietly(self, sandbox_id: str) -> None:
+        """Close a dead predecessor's sandbox; one the sandbox actor no longer knows is already gone."""
+        try:
+            await self.peer("sandbox").call(SandboxClose(trial_id=sandbox_id))
+        except RuntimeFault as error:
+            self.logger.warning("abandoned_sandbox_not_closed", trial_id=sandbox_id, error=str(error))
+
     async def wait_for_version(self, version: int, until) -> None:
         while self.version < version and not until():
             with trio.move_on_after(1.0):
@@ -151,6 +168,14 @@ class StalenessActor(Actor):
         controller = Controller(logger=self.logger, version=lambda: self.version, wait_for_version=self.wait_for_version,
                                 events=self._events, rl_seconds_left=self._rl_seconds_left,
                                 warm_up_critic=warm_up_critic)
+        # Trials a killed predecessor left open, closed before this one issues any. Not beside the schedule:
+        # a restart late in the final eval lets the last pass end (and the campaign stop) within the wait.
+        abandoned = open_trials(await self._trial_events())
+        if abandoned:
+            self.logger.warning("closing_abandoned_trials", n=len(abandoned))
+            version = max((e.version for e in await self._events("weights_published")), default=0)
+            await close_abandoned(abandoned, self._trial_events, runner.ports.log, self._close_quietly, version,
+                                  wait_s=ABANDONED_WAIT_S)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_versions)
             await play_schedule(runner, controller, self.splits, campaign=self.campaign, staleness=self.staleness,

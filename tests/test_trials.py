@@ -8,7 +8,7 @@ import pytest
 import torch
 import trio
 
-from schemas import EvalResult, StalenessDecision, TrajectoryAssembled, TrialIssued
+from schemas import EvalResult, StalenessDecision, TrajectoryAssembled, TrialEnded, TrialIssued, VerifierResult
 from t1_actors.rollout.admission import StalenessConfig, admit, grouped, policy_lag, trials_to_launch
 from t1_actors.eval_stats import wilson_interval
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
@@ -169,3 +169,55 @@ def test_training_part_of_the_policy_on_the_megatron_learner_is_refused_before_a
     path.write_text(text.replace('backend = "torch"\nthreads = 1', 'backend = "megatron"\nthreads = 1', 1))
     with pytest.raises(ConfigError, match=r"actor_params = \['\*norm\*'\] but \[learner\] backend = 'megatron'"):
         load_campaign_config(path)
+
+
+class _SandboxLostBeforeContinuations(InProcessPorts):
+    """The verifier actor's answer when a trial's sandbox is gone (its sandbox actor was killed and its roots
+    swept): a VerifierResult with infra_error, named by the sandbox's trial. Here: every continuation's.
+    Every other original trial samples slowly, so the batch fills before it ends and it is cut and continued."""
+
+    async def generate(self, trial_id, turn, prompt_ids, seed=None, temperature=None):
+        if "~" not in trial_id and int(trial_id[-1]) % 2:
+            await trio.sleep(1.0)
+        return await super().generate(trial_id, turn, prompt_ids, seed=seed, temperature=temperature)
+
+    async def verify(self, trial_id, task_id):
+        if not any(getattr(e, "resumed_from", None) == trial_id for e in self.events if isinstance(e, TrialIssued)):
+            return await super().verify(trial_id, task_id)
+        event = VerifierResult(trial_id=trial_id, task_id=task_id, tests={}, passed=0, total=0, reward=0.0,
+                               reward_scale=20, verifier_sha256="", infra_error=f"no open sandbox of trial {trial_id}")
+        self.events.append(event)
+        return event
+
+
+def test_a_continuation_whose_verification_fails_still_reaches_its_own_final_state(world):
+    from tools._replay.audit import audit_events
+
+    config = StalenessConfig(batch_size=2, oversample=2.0, max_staleness=4, on_cancel="continue")
+    tasks, tokenizer, model, sandbox, verifier = world
+    stop = special_token_ids(tokenizer)["<|im_end|>"]
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, stop_ids=(stop,), seed=2)
+
+    async def main():
+        from t1_actors.rollout.trials import BatchStats
+
+        async with TorchSampler.open(model, config=SamplerConfig(max_batch=16)) as sampler:
+            ports = _SandboxLostBeforeContinuations(sampler, {t.id: t for t in tasks}, params, sandbox, verifier)
+            runner = TrialRunner(ports, ports.tasks, tokenizer, RolloutLimits(max_turns=2, max_new_tokens=24))
+            cycle = itertools.cycle([t.id for t in tasks])
+            stats = BatchStats()
+
+            async def wait_for_learner(version):
+                ports.version = max(ports.version, stats.batches)
+
+            await run_batches(runner, lambda: next(cycle), config, wait_for_learner=wait_for_learner, stats=stats,
+                              until=lambda: stats.batches >= 6 or any(  # a continuation ran to its verification
+                                  isinstance(e, TrialEnded) and "~" in e.trial_id for e in ports.events))
+            return ports, stats
+
+    ports, stats = trio.run(main)
+    assert stats.resumed > 0, "no continuation was played: nothing was tested"
+    lost = [e for e in ports.events if isinstance(e, StalenessDecision) and "verification failed" in e.reason]
+    assert lost and all("~c" in d.trial_id and d.decision == "drop" for d in lost)
+    audit = audit_events((str(i), e) for i, e in enumerate(ports.events))
+    assert audit.trials_unaccounted == 0 and audit.trials_final_twice == 0, audit.to_json()

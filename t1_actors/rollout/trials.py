@@ -258,6 +258,14 @@ async def _train_trial(runner: TrialRunner, flight: _InFlight, batch: _Batch, co
     del batch.in_flight[flight.trial_id]
     try:
         if not outcome.chunks:  # infrastructure failure: its actor recorded it; never a reward of 0
+            error = outcome.result.infra_error if outcome.result is not None else None
+            if error is not None and flight.sandbox_id != flight.trial_id:
+                # A continuation is verified in its original's sandbox, so the verifier recorded the failure
+                # under the original's id: without a decision of its own this trial had no final state.
+                await ports.log(StalenessDecision(trial_id=flight.trial_id, decision="drop", lag=0,
+                                                  policy_version=ports.learner_version(),
+                                                  reason=f"verification failed (recorded under {flight.sandbox_id}): "
+                                                         f"{error}", turns=len(rollout.turns), tokens=rollout.tokens))
             return
         lag = policy_lag(ports.learner_version(), outcome.oldest_version)
         within = admit(lag, config.max_staleness)

@@ -1,0 +1,116 @@
+"""`t1-actor chaos`: the fault plan, the leftover check (each able to fail), and one campaign under kill -9.
+
+The slow test runs the command on the tests' micro campaign with one SIGKILL of every role and one pause
+longer than the heartbeat timeout, then checks the report against the log it was made from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from storage import EventLog
+from t1_actors.chaos import NOT_TESTED, PHASES, ROLES, find_orphans, plan_faults
+
+ROOT = Path(__file__).resolve().parent.parent
+ZEROS = ("trials_unaccounted", "trials_final_twice", "continuations_unlinked", "events_duplicated",
+         "learner_steps_gap", "trajectories_consumed_twice", "trajectories_consumed_unadmitted",
+         "versions_out_of_order", "weights_mismatched", "orphans")
+
+
+def test_the_plan_is_the_seeds_and_kills_every_role_n_times_over_every_phase():
+    faults = plan_faults(3, kills=4, pauses=2)
+    assert [vars(f) for f in faults] == [vars(f) for f in plan_faults(3, kills=4, pauses=2)]
+    assert [vars(f) for f in faults] != [vars(f) for f in plan_faults(4, kills=4, pauses=2)]
+    kills = [f for f in faults if f.kind == "kill"]
+    assert Counter(f.role for f in kills) == {role: 4 for role in ROLES}
+    assert {(f.role, f.phase) for f in kills} == {(r, p) for r in ROLES for p in PHASES}
+    assert [f.phase for f in faults] == sorted((f.phase for f in faults), key=PHASES.index)
+    pauses = [f for f in faults if f.kind == "pause"]
+    assert len(pauses) == 2 and all(f.pause_s > 0 for f in pauses)
+    one_each = [f for f in plan_faults(0, kills=1, pauses=0)]
+    assert sorted(f.role for f in one_each) == sorted(ROLES)
+    assert {f.phase for f in one_each} == set(PHASES), "one kill per role still reaches every phase"
+
+
+def test_the_orphan_check_finds_a_live_process_a_trial_root_and_ignores_other_runs(tmp_path):
+    sandbox = tmp_path / "sandbox"
+    (sandbox / "trials" / "run-a-train-000001-1f2e3d4c").mkdir(parents=True)
+    (sandbox / "trials" / "someone-else-train-000001-aaaaaaaa").mkdir()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        from t1_actors.chaos import _start_time
+
+        seen = {child.pid: _start_time(child.pid)}
+        found = find_orphans(seen, ["run-a-train-000001"], tmp_path / "run", sandbox)
+        assert found.processes_tracked == 1 and found.trials_checked == 1 and found.mounts_scanned > 0
+        assert any(f"process {child.pid}" in line for line in found.left), found.left
+        assert any("run-a-train-000001-1f2e3d4c" in line for line in found.left), found.left
+        assert not any("someone-else" in line for line in found.left)
+    finally:
+        child.kill()
+        child.wait()
+    (sandbox / "trials" / "run-a-train-000001-1f2e3d4c").rmdir()
+    assert find_orphans(seen, ["run-a-train-000001"], tmp_path / "run", sandbox).left == []
+
+
+@pytest.fixture(scope="module")
+def chaos_run(tmp_path_factory):
+    from test_campaign import _micro_config
+
+    tmp = tmp_path_factory.mktemp("chaos")
+    config = _micro_config(tmp)
+    run_dir = tmp / "run"
+    done = subprocess.run([sys.executable, "-m", "t1_actors.cli", "chaos", "--config", str(config), "--quick",
+                           "--kills", "1", "--pauses", "1", "--seed", "1", "--run-dir", str(run_dir), "--json",
+                           "--timeout-s", "1200"], cwd=ROOT, capture_output=True, text=True, timeout=1500,
+                          env={**os.environ})
+    lines = done.stdout.strip().splitlines()
+    assert lines, done.stderr[-4000:]
+    return done.returncode, json.loads(lines[-1]), run_dir
+
+
+@pytest.mark.slow
+def test_every_role_killed_and_the_campaign_completes_with_everything_accounted_for(chaos_run):
+    code, report, run_dir = chaos_run
+    output = Path(report["campaign_output"]).read_text()[-4000:]
+    assert report["campaign_completed"], output
+    assert report["kills"] == {role: 1 for role in ROLES}, report["faults"]
+    assert sum(report["pauses"].values()) == 1 and report["faults_missed"] == 0
+    for key in ZEROS:
+        assert report[key] == 0, (key, report["audit_examples"], report["orphans_found"])
+    for checked in ("events_checked", "trials_issued", "learner_steps", "versions_published", "weights_checked"):
+        assert report[checked] > 0, checked
+    checked = report["orphans_checked"]  # what was looked at, and what the same matching saw while it ran
+    for key in ("processes_tracked", "trials_checked", "mounts_scanned", "cgroup_hierarchies_scanned",
+                "trial_roots_seen", "mounts_seen"):
+        assert checked[key] > 0, checked
+    assert report["audit_clean"] and code == 0
+    assert json.loads((run_dir / "chaos.json").read_text()) == report
+
+
+@pytest.mark.slow
+def test_the_report_matches_the_log_and_names_what_it_did_not_test(chaos_run):
+    _, report, run_dir = chaos_run
+    log = EventLog.open(run_dir / "log")
+    lifecycle = [e for _, e in log.events(kinds=["actor_lifecycle"])]
+    died = {e.pid: e.reason for e in lifecycle if e.state == "died"}
+    for fault in report["faults"]:
+        assert fault["pid"] in died, fault  # every fault hit a process of the run, and it died of it
+        if fault["kind"] == "kill":
+            assert died[fault["pid"]] == "killed by SIGKILL", fault
+        else:  # paused past the heartbeat timeout: the supervisor's watchdog killed and replaced it
+            assert died[fault["pid"]].startswith("no heartbeat"), fault
+    restarted = Counter(e.role for e in lifecycle if e.state == "restarted")
+    assert all(restarted[role] >= 1 for role in ROLES), restarted
+    assert report["trials_issued"] == sum(1 for _ in log.events(kinds=["trial_issued"]))
+    assert report["events_checked"] == sum(log.counts().values())
+    assert {item["key"] for item in report["not_tested"]} == set(NOT_TESTED)
+    assert all(item["reason"] for item in report["not_tested"])
+    assert not set(NOT_TESTED) & set(report), "an untested key must not be reported as a figure"
