@@ -51,6 +51,7 @@ def qwen3_run(tmp_path_factory):
                              str(qwen3_dir()), "--limit", "4", "--json"], cwd=ROOT, capture_output=True, text=True,
                             timeout=600)
     assert replay.returncode == 0, replay.stderr[-4000:]
+    (run_dir / "drift.json").write_text(replay.stdout)  # kept beside the run: docs/qwen3.md quotes it
     return run_dir, json.loads(replay.stdout)
 
 
