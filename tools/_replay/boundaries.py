@@ -7,8 +7,11 @@ trials were multi-turn and carried reasoning blocks, and how many tokens the cha
 - ``classified`` / ``classified_shares``: the strongest case that holds at each of those boundaries with every
   repair allowed (``tito.repair_boundary`` on the logged sampler turns; needs the tokenizer for ``retokenized``):
   how often the template's re-render could be repaired, whatever the run chose;
-- ``trials`` / ``multi_turn`` / ``multi_turn_with_reasoning``: assembled trials, those with >= 2 sampler turns, and
-  those of them whose sampled ids hold a ``<think>`` ... ``</think>`` block (ids from the tokenizer);
+- ``trials`` / ``multi_turn``: assembled trials, those with >= 2 sampler turns;
+  ``multi_turn_with_reasoning``: multi-turn trials where every turn the template re-renders (each but the last)
+  holds a complete ``<think>`` ... ``</think>`` block in its sampled ids (ids from the tokenizer): the trials
+  whose every boundary exercises how the template re-renders reasoning. ``multi_turn_reasoning_every_turn``
+  also asks it of the last turn (which no boundary re-renders); ``turns_with_reasoning`` counts turns;
 - ``template_changes``: per boundary i -> i+1 of a trial's sampler turns, ``changed_tokens``: tokens of
   p_i ++ a_i (what the sampler saw) past the point where p_{i+1} stops repeating them, and tokens of it that a
   diff against p_{i+1} does not match (what the re-render changed); mean and max per boundary, the mean over the
@@ -67,13 +70,16 @@ def boundary_report(chunks_by_trial: dict[str, list], turns_by_trial: dict[str, 
     classified: Counter = Counter()
     past_prefix, diffs = [], []
     text_changed = 0
-    multi = with_reasoning = 0
+    multi = with_reasoning = every_turn = turns_total = turns_reasoned = 0
     for trial_id, chunks in chunks_by_trial.items():
         cases.update(case for chunk in chunks for case in chunk.boundary_cases)
         turns = sorted(turns_by_trial.get(trial_id, []), key=lambda t: t.turn)
+        reasoned = [has_reasoning(t.sampled_ids, *think) for t in turns]
+        turns_total, turns_reasoned = turns_total + len(turns), turns_reasoned + sum(reasoned)
         if len(turns) >= 2:
             multi += 1
-            with_reasoning += all(has_reasoning(t.sampled_ids, *think) for t in turns)
+            with_reasoning += all(reasoned[:-1])
+            every_turn += all(reasoned)
         for prev, nxt in zip(turns, turns[1:]):
             beyond, diff = changed_tokens(prev.prompt_ids, prev.sampled_ids, nxt.prompt_ids)
             past_prefix.append(beyond)
@@ -92,6 +98,8 @@ def boundary_report(chunks_by_trial: dict[str, list], turns_by_trial: dict[str, 
         "trials": len(chunks_by_trial),
         "multi_turn": multi,
         "multi_turn_with_reasoning": with_reasoning,
+        "multi_turn_reasoning_every_turn": every_turn,
+        "turns_with_reasoning": {"turns": turns_total, "with_reasoning": turns_reasoned},
         "boundaries": boundaries,
         "repair_cases": {case: cases[case] for case in CASES},
         "repair_case_shares": {case: (cases[case] / boundaries if boundaries else None) for case in CASES},
