@@ -82,8 +82,13 @@ def chat_corpus(tasks: Iterable, tool_output_chars: int = 240) -> list[str]:
 
 def execute_oracle_pool(tasks: list, execute_oracle: Callable[[Any], list[str] | None], tokenizer, *,
                         tool_output_chars: int, max_len: int, workers: int = 2,
-                        progress: Callable[[int, int], None] | None = None) -> tuple[list[Example], int]:
+                        progress: Callable[[int, int], None] | None = None,
+                        examples_of: Callable[[Any, list[str]], list[Example]] | None = None
+                        ) -> tuple[list[Example], int]:
     """Run every task's oracle in its sandbox (``workers`` at a time) and render the SFT examples.
+
+    ``examples_of(task, outputs)``: the examples of one executed oracle (None: ``sft_example`` of
+    ``oracle_messages`` on t1's own template; ``chat_sft`` builds them for an HF template).
 
     Done before training rather than beside it: on 2 cores a producer thread halved SFT's throughput
     (2.4k vs 5.3k tok/s measured), and the whole pool of the tiny run takes ~3 min with both cores.
@@ -97,21 +102,27 @@ def execute_oracle_pool(tasks: list, execute_oracle: Callable[[Any], list[str] |
             if outputs is None:
                 failures += 1
             else:
-                example = sft_example(oracle_messages(task.instruction, oracle_trajectory(task), outputs,
-                                                      tool_output_chars), tokenizer)
-                if len(example[0]) <= max_len:
-                    examples.append(example)
+                rendered = (examples_of(task, outputs) if examples_of is not None else
+                            [sft_example(oracle_messages(task.instruction, oracle_trajectory(task), outputs,
+                                                         tool_output_chars), tokenizer)])
+                examples += [example for example in rendered if len(example[0]) <= max_len]
             if progress:
                 progress(done, len(tasks))
     return examples, failures
 
 
 def sft_loss(model, ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy on assistant tokens: mean over masked positions of -log p(T_j | T_<j)."""
-    logits = model(ids[:, :-1], attention_mask=attention[:, :-1]).logits
-    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1), reduction="none")
-    weights = mask[:, 1:].reshape(-1)
-    return (nll * weights).sum() / weights.sum().clamp(min=1.0)
+    """Next-token cross-entropy on assistant tokens: mean over masked positions of -log p(T_j | T_<j).
+
+    Logits are computed at the masked positions only (the trunk's hidden states there through ``lm_head``): the
+    same loss, but with a 151k-id vocabulary (Qwen3's) the head is most of the step, and assistant tokens are a
+    fraction of a chat."""
+    hidden = model.model(ids[:, :-1], attention_mask=attention[:, :-1]).hidden_states
+    weights = mask[:, 1:]
+    taken = weights > 0
+    logits = model.lm_head(hidden[taken]).float()
+    nll = F.cross_entropy(logits, ids[:, 1:][taken], reduction="none")
+    return (nll * weights[taken]).sum() / weights.sum().clamp(min=1.0)
 
 
 def sft_learning_rate(peak: float, step: int, progress: float, warmup_steps: int = 20, floor: float = 0.1) -> float:

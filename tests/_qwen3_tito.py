@@ -15,7 +15,6 @@ Scenarios (how the scripted sampler writes each assistant turn; the harness is t
 
 from __future__ import annotations
 
-import difflib
 import json
 import random
 import sys
@@ -33,6 +32,7 @@ from t1_actors.policy.chat_tokenizer import BASH_TOOL  # noqa: E402
 from t1_actors.rollout import assistant_message, first_messages, truncate_output  # noqa: E402
 
 from _tito_harness import segment  # noqa: E402
+from tools._replay.boundaries import changed_tokens as boundary_changes  # noqa: E402
 
 SCENARIOS = ("thinking", "noncanonical", "padded_think", "empty_think", "no_thinking", "follow_up")
 THOUGHTS = ["Check the files first.", "Run the next step.", "Verify the result.", "This should do it."]
@@ -75,11 +75,9 @@ def play(tok: ChatTokenizer, instruction: str, commands: list[str], scenario: st
 
 def changed_tokens(prev: tito.Turn, next_prompt: np.ndarray) -> tuple[int, int]:
     """What the template's re-render changed at a boundary, in tokens of p_i ++ a_i (what the sampler saw):
-    (past the point where p_{i+1} stops repeating it as a prefix, not matched by a diff against p_{i+1})."""
-    seen = np.concatenate([prev.prompt_ids, prev.sampled_ids])
-    matcher = difflib.SequenceMatcher(None, seen.tolist(), next_prompt.tolist(), autojunk=False)
-    matched = sum(block.size for block in matcher.get_matching_blocks())
-    return len(seen) - tito.repairs._common_prefix(seen, next_prompt), len(seen) - matched
+    (past the point where p_{i+1} stops repeating it as a prefix, not matched by a diff against p_{i+1});
+    the figure ``t1-replay drift`` reports per boundary of a run (``tools._replay.boundaries``)."""
+    return boundary_changes(prev.prompt_ids, prev.sampled_ids, next_prompt)
 
 
 def measure(tok: ChatTokenizer, tasks: list, oracle, repairs=tito.REPAIRS) -> dict[str, dict[str, Any]]:

@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run")
     p.add_argument("--limit", type=int, default=None, help="at most N trajectory chunks (log order)")
     p.add_argument("--trial", default=None, help="only this trial")
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the run's)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json or HF tokenizer directory (default: the run's)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--json", action="store_true")
 
@@ -88,6 +88,15 @@ def _drift(args) -> int:
             f"{_pct(out['drift_rate_loss_rerendered'])}; retokenized share: {_pct(out['retokenized_share'])}; "
             f"logprob record mismatches: {out['logprob_record_mismatch']}")
     c.print(f"repair cases: {out['repair_cases']}")
+    b = out["boundaries"]
+    shares = " ".join(f"{case}={share:.3f}" for case, share in b["repair_case_shares"].items() if share is not None)
+    changes = b["template_changes"]
+    c.print(f"all {b['trials']} assembled trials: {b['multi_turn']} multi-turn, {b['multi_turn_with_reasoning']} with "
+            f"reasoning in every re-rendered turn ({b['multi_turn_reasoning_every_turn']} in every turn); {b['boundaries']} boundaries: {shares or '-'}; template changed "
+            f"{changes['changed']} of {changes['boundaries']} (diff tokens per boundary: mean "
+            f"{_num(changes['diff_tokens']['mean'])}, max {changes['diff_tokens']['max']})")
+    if b["classified_shares"]:
+        c.print("with every repair allowed: " + " ".join(f"{case}={share:.3f}" for case, share in b["classified_shares"].items()))
     rm = out["routing_mismatch"]
     if rm["per_layer"]:
         c.print("routing mismatch without replay, per layer: "

@@ -19,6 +19,11 @@ class CampaignConfig(BaseModel):
 
     seed: int = 0
     tokenizer_vocab: int = Field(1024, ge=300)
+    tokenizer: str | None = Field(None, description="an HF tokenizer directory (tokenizer.json + tokenizer_config.json "
+                                                    "with its chat_template, e.g. .cache/qwen3-tokenizer) used instead "
+                                                    "of training t1's BPE: its template renders SFT chats (with "
+                                                    "reasoning, t1_actors.chat_sft) and every prompt; [model] "
+                                                    "vocab_size becomes its size")
     sft_steps: int | None = Field(600, gt=0, description="SFT optimiser steps (None: train until sft_seconds); "
                                                         "a step budget makes two runs of one seed the same")
     sft_seconds: float = Field(1800.0, gt=0, description="upper bound on SFT's wall time (the whole budget when "

@@ -1,4 +1,5 @@
-"""Where a run's files are, defined once: ``RUN/log`` (the event log), ``RUN/tokenizer.json``,
+"""Where a run's files are, defined once: ``RUN/log`` (the event log), ``RUN/tokenizer.json`` (t1's own BPE) or
+``RUN/tokenizer/`` (a copy of the HF tokenizer directory of ``[campaign] tokenizer``),
 ``RUN/weights/vNNNNN`` (a published policy version), ``RUN/checkpoints`` (actors' resumable state), and
 the sha256 a published weights file is checked by."""
 
@@ -13,7 +14,14 @@ def log_path(run_dir: str | Path) -> Path:
 
 
 def tokenizer_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "tokenizer.json"
+    """The run's tokenizer as ``policy.load_tokenizer`` takes it: the HF directory when the run has one, else
+    t1's own ``tokenizer.json`` (where phase 2 writes it)."""
+    directory = hf_tokenizer_dir(run_dir)
+    return directory if directory.is_dir() else Path(run_dir) / "tokenizer.json"
+
+
+def hf_tokenizer_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "tokenizer"
 
 
 def version_dirname(version: int) -> str:

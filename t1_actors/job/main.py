@@ -4,7 +4,8 @@
 
 1. corpus: the synthetic train/eval task sets ([tasks]), disjoint by construction; ``[tasks] rl_size``
    keeps the last train tasks for RL alone;
-2. tokenizer: a byte-level BPE trained on the rendered oracle chats of the SFT tasks;
+2. tokenizer: a byte-level BPE trained on the rendered oracle chats of the SFT tasks, or the HF tokenizer
+   directory of ``[campaign] tokenizer`` (e.g. Qwen3's) copied into the run, its chat template used everywhere;
 3. SFT warm start on executed oracle trajectories of the SFT tasks -> policy version 0 (safetensors,
    checksum, event);
 4. the six actors as processes under the supervisor: the staleness controller evaluates the SFT policy
@@ -31,7 +32,10 @@ from ..tasks import build_task_sets
 from .config import CampaignConfig
 from .layout import log_path, tokenizer_path
 from .progress import run_actors, sft_with_progress
-from .sft import check_warm_start_passes, check_warm_start_tasks, publish_initial_policy, reuse_warm_start, train_run_tokenizer
+from .sft import (
+    check_warm_start_passes, check_warm_start_tasks, copy_run_tokenizer, publish_initial_policy, reuse_warm_start,
+    train_run_tokenizer,
+)
 from .summary import code_version, summarise
 
 
@@ -104,7 +108,8 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
         console.log(f"warm start reused from {campaign.warm_start_from} (tokenizer and SFT policy version 0)")
     else:
         with console.status("[bold]2/5 tokenizer[/]"):
-            tokenizer = train_run_tokenizer(run_dir, tasks.sft, campaign.tokenizer_vocab)
+            tokenizer = (copy_run_tokenizer(run_dir, campaign.tokenizer) if campaign.tokenizer is not None
+                         else train_run_tokenizer(run_dir, tasks.sft, campaign.tokenizer_vocab))
         console.log(f"tokenizer: {tokenizer.vocab_size} ids -> {tokenizer_path(run_dir)}")
         config = _with_vocab(config, tokenizer.vocab_size)
         timings["prepare_s"] = time.monotonic() - started

@@ -6,6 +6,8 @@ Each rule raises ``ValueError`` naming both keys and the fix; ``parse_config`` p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def learner_temperature(config) -> None:
     """One key: ``[ppo] temperature`` left unset is ``[sampler] temperature`` (the logprobs the sampler stores
@@ -47,8 +49,26 @@ def check_sft_passes(config) -> None:
                          "whose SFT policy (and its eval passes) this run starts from, or set sft_passes = 'run'")
 
 
+def check_tokenizer(config) -> None:
+    """An HF tokenizer directory must be there, whole, before the run starts: the SFT chats, every prompt, the stop
+    id and the model's vocabulary all come from it."""
+    campaign = config.section("campaign")
+    if campaign.tokenizer is None:
+        return
+    if campaign.warm_start_from is not None:
+        raise ValueError(f"[campaign] tokenizer = {campaign.tokenizer!r} but warm_start_from is set, which reuses that "
+                         "run's tokenizer (and the policy trained with it); drop one of the two keys")
+    directory = Path(campaign.tokenizer)
+    missing = [name for name in ("tokenizer.json", "tokenizer_config.json") if not (directory / name).is_file()]
+    if missing:
+        fetch = " (Qwen3's: run `bash .ci/fetch-qwen3-tokenizer`)" if "qwen3" in directory.name.lower() else ""
+        raise ValueError(f"[campaign] tokenizer = {campaign.tokenizer!r}: no {' or '.join(missing)} in "
+                         f"{directory.absolute()}; point it at an HF tokenizer directory with both files{fetch}, "
+                         "or remove the key to train t1's own BPE")
+
+
 DERIVED = (learner_temperature,)  # values one key sets for two sections, filled in before the rules run
-RULES = (check_temperatures, check_groups, check_actor_params, check_sft_passes)
+RULES = (check_temperatures, check_groups, check_actor_params, check_sft_passes, check_tokenizer)
 
 
 def check_run(config) -> None:

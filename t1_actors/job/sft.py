@@ -1,6 +1,7 @@
 """Phases 2-3 of the campaign: the run's tokenizer and the SFT warm start (policy version 0).
 
-Either trained here (BPE on the SFT tasks' oracle chats, then SFT on their executed oracles) or reused from
+Either trained here (BPE on the SFT tasks' oracle chats, or the HF tokenizer directory of ``[campaign] tokenizer``
+copied in; then SFT on their executed oracles) or reused from
 a previous run (``[campaign] warm_start_from``), with the checks that the reuse is sound: its SFT never saw
 this run's RL tasks, and with ``[eval] sft_passes = "warm_start"`` its logged SFT passes were drawn as this
 run's would be.
@@ -27,13 +28,20 @@ from ..skill_report import is_sft_label
 from ..tasks import TasksConfig, build_task_sets, oracle_trajectory
 from ..warmstart import chat_corpus, execute_oracle_pool, supervised_finetune
 from .config import CampaignConfig
-from .layout import log_path, sha256_file, tokenizer_path, weights_dir
+from .layout import hf_tokenizer_dir, log_path, sha256_file, tokenizer_path, weights_dir
 
 
 def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int):
     """Phase 2: the tiny BPE, trained on rendered oracle chats of the training split only."""
     train_tokenizer(chat_corpus(train_tasks), vocab).save(str(tokenizer_path(run_dir)))
     return load_tokenizer(tokenizer_path(run_dir))  # exactly what the run's actors will load
+
+
+def copy_run_tokenizer(run_dir: Path, source: str | Path):
+    """Phase 2 with ``[campaign] tokenizer``: the HF tokenizer directory, copied into RUN/tokenizer/ (so the run
+    keeps what it was sampled with), loaded back from there as the actors will."""
+    load_tokenizer(source).save(hf_tokenizer_dir(run_dir))
+    return load_tokenizer(tokenizer_path(run_dir))
 
 
 def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -> tuple[Any, dict[str, Any]]:
@@ -54,12 +62,20 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
         except Exception:  # an infrastructure hiccup costs one example, never the run
             return None
 
+    examples_of = None
+    if getattr(tokenizer, "chat_template", None) is not None:  # an HF template: reasoning chats, TITO-style examples
+        from ..chat_sft import oracle_chat, turn_examples
+
+        def examples_of(task, outputs):
+            chat = oracle_chat(task.instruction, oracle_trajectory(task), outputs, campaign.tool_output_chars)
+            return turn_examples(chat, tokenizer)
+
     pool_start = time.monotonic()
     try:
         examples, failures = execute_oracle_pool(tasks.sft, execute_oracle, tokenizer,
                                                  tool_output_chars=campaign.tool_output_chars,
                                                  max_len=campaign.sft_max_len, workers=campaign.sft_oracle_workers,
-                                                 progress=pool_progress)
+                                                 progress=pool_progress, examples_of=examples_of)
     finally:
         sandboxes.close()
     pool_seconds = time.monotonic() - pool_start
@@ -82,7 +98,10 @@ def reuse_warm_start(previous: Path, run_dir: Path):
     if missing:
         raise FileNotFoundError(f"[campaign] warm_start_from = {str(previous)!r}: missing {missing}; point it at "
                                 "the directory of a run that finished its SFT phase")
-    shutil.copyfile(source_tokenizer, tokenizer_path(run_dir))
+    if source_tokenizer.is_dir():  # an HF tokenizer directory ([campaign] tokenizer in that run)
+        shutil.copytree(source_tokenizer, hf_tokenizer_dir(run_dir))
+    else:
+        shutil.copyfile(source_tokenizer, tokenizer_path(run_dir))
     policy = MoEPolicy.load(source_policy)
     return load_tokenizer(tokenizer_path(run_dir)), policy, {"warm_start_from": str(previous)}
 

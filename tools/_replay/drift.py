@@ -15,7 +15,9 @@ differently the segment's summed logprobs are compared and the difference shared
 tokens (per-token mean stays token-weighted). Also measured: routing mismatch per layer without replay
 (share of positions whose selected expert set differs from the record), loss-region drift (trained ids
 that differ from the ids the sampler emitted, from the SamplerTurn events; TITO guarantees 0), the
-boundary repair cases and the share of loss tokens whose turn boundary needed retokenization.
+boundary repair cases and the share of loss tokens whose turn boundary needed retokenization; and, over every
+assembled trial whatever the limit, the boundaries' case shares and the tokens the template changed between
+turns (``boundaries``, see ``tools._replay.boundaries``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from schemas import SamplerTurn, TrajectoryAssembled, TrialIssued
 
 from .align import Rerendered, rerender
+from .boundaries import boundary_report
 from .run import RunError
 
 MODES = ("r3_tito", "tito", "r3", "none")
@@ -328,6 +331,10 @@ def drift_of_run(view, *, limit: int | None = None, tokenizer=None, trial: str |
     own_turns = view.sampler_turns()
     turns_by_trial = {tid: lineage_turns(tid, own_turns, parents) for tid in set(own_turns) | set(parents)}
     chunks = [e for _, e in view.of_kind(TrajectoryAssembled) if trial is None or e.trial_id == trial]
+    every_trial: dict[str, list[TrajectoryAssembled]] = {}
+    for traj in chunks:
+        every_trial.setdefault(traj.trial_id, []).append(traj)
+    boundaries = boundary_report(every_trial, turns_by_trial, tokenizer)  # all trials: no model needed
     if limit is not None:
         chunks = chunks[:limit]
     for traj in chunks:
@@ -348,6 +355,7 @@ def drift_of_run(view, *, limit: int | None = None, tokenizer=None, trial: str |
     if chunks and report.trajectories == 0 and report.skipped:
         raise RunError("no trajectory could be replayed: " + "; ".join(report.skipped))
     out = report.to_json()
+    out["boundaries"] = boundaries
     out["run"] = str(view.root)
     out["checksums"] = {str(v): view.weights_checksum_ok(v) for v in sorted(report.versions)}
     return out

@@ -131,13 +131,20 @@ class RunView:
         return model
 
     def tokenizer(self, path: str | Path | None = None):
-        """The run's tokenizer (HF tokenizers), or None when the run did not keep one."""
+        """The run's tokenizer (HF tokenizers), or None when the run did not keep one. ``path``: a tokenizer.json
+        or an HF tokenizer directory (what ``policy.load_tokenizer`` takes)."""
         from tokenizers import Tokenizer
 
         if path is not None:
-            if not Path(path).is_file():
-                raise RunError(f"--tokenizer {path}: no such file (a tokenizers JSON file)")
-            return Tokenizer.from_file(str(path))
+            from t1_actors.policy import load_tokenizer
+
+            if not Path(path).exists():
+                raise RunError(f"--tokenizer {path}: no such file or directory (a tokenizer.json or an HF "
+                               "tokenizer directory)")
+            try:
+                return load_tokenizer(path).backend_tokenizer
+            except (OSError, ValueError) as exc:
+                raise RunError(f"--tokenizer {path}: {exc}") from None
         for name in TOKENIZER_NAMES:
             candidate = self.root / name
             if candidate.is_file():
