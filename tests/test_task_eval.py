@@ -116,3 +116,16 @@ def test_filters_and_bad_input_get_clear_errors(task_set, dirs, capsys):
         code, _, err = _eval(capsys, "--tasks", str(task_set), "--policy", policy,
                              "--out", str(Path(dirs["out"]) / "bad"), *extra)
         assert code == 2 and message in err, (policy, extra, err)
+
+
+def test_a_harbor_oracle_sees_its_whole_solution_directory_at_slash_solution(tmp_path, dirs, capsys):
+    # Harbor uploads solution/ to /solution before running solve.sh; solutions that `cp /solution/x` rely on it
+    task = tmp_path / "tasks" / "copies-its-answer"
+    shutil.copytree(EXAMPLES / "harbor" / "count-words", task)
+    (task / "solution" / "answer.py").write_text("print(len(open('/app/poem.txt').read().split()))\n")
+    solve = task / "solution" / "solve.sh"
+    solve.write_text("#!/bin/bash\nset -e\ncp /solution/answer.py /app/answer.py\n" + solve.read_text())
+    code, summary, _ = _eval(capsys, "--tasks", str(tmp_path / "tasks"), "--policy", "oracle",
+                             "--out", str(tmp_path / "run"), "--sandbox-dir", dirs["sandbox"],
+                             "--verifier-dir", dirs["verifier"])
+    assert code == 0 and summary["resolved"] == 1, summary["tasks"]

@@ -112,9 +112,11 @@ class OraclePolicy:
             raise SandboxInfraError(f"task {task.id} has no oracle solution (Harbor: solution/solve.sh; "
                                     "Terminal-Bench: solution.sh)")
         sandbox = ports.sandboxes[trial_id]
-        await trio.to_thread.run_sync(sandbox.write_file, ORACLE_PATH, task.oracle.script.encode(), 0o755)
-        outcome = await ports.execute(trial_id, 0, f"if command -v bash >/dev/null; then bash {ORACLE_PATH}; "
-                                                   f"else sh {ORACLE_PATH}; fi", task.limits.agent_timeout_s)
+        script, files = task.oracle.layout(ORACLE_PATH)
+        for path, data in files.items():  # executable: a solve.sh may run its helpers directly
+            await trio.to_thread.run_sync(sandbox.write_file, path, data, 0o755)
+        outcome = await ports.execute(trial_id, 0, f"if command -v bash >/dev/null; then bash {script}; "
+                                                   f"else sh {script}; fi", task.limits.agent_timeout_s)
         return ("infra_error" if outcome.infra_error else "answered"), 0, outcome.infra_error
 
 
