@@ -50,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
             report["build"] = {"base_image": sandbox.build.base_image, "unhonoured": sandbox.build.unhonoured,
                                "cached": sandbox.build.cached}
             if args.oracle:
-                sandbox.write_file(ORACLE_PATH, task.oracle.script.encode(), 0o755)
-                ran = sandbox.exec(f"if command -v bash >/dev/null; then bash {ORACLE_PATH}; else sh {ORACLE_PATH}; fi",
+                script, files = task.oracle.layout(ORACLE_PATH)
+                for path, data in files.items():
+                    sandbox.write_file(path, data, 0o755)
+                ran = sandbox.exec(f"if command -v bash >/dev/null; then bash {script}; else sh {script}; fi",
                                    timeout_s=task.limits.agent_timeout_s)
                 report["oracle_exit_code"] = ran.exit_code
                 report["oracle_output_tail"] = (ran.stdout + ran.stderr)[-2000:]

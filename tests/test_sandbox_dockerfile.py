@@ -103,5 +103,14 @@ def test_profiles_are_keyed_on_the_base_image_alone():
     assert profile_for("ghcr.io/laude-institute/t-bench/python-3-13:20250620").name == "t-bench-python"
     assert profile_for("ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624").name == "t-bench"
     assert profile_for("python:3.12-slim").name == "python" and profile_for("docker.io/library/python:3").python
-    assert profile_for("ubuntu:24.04") is None and profile_for(None) is None
+    assert profile_for("ubuntu:24.04").name == "debian-family" and profile_for("ubuntu:24.04").apt_from_host
+    assert profile_for("public.ecr.aws/docker/library/python:3.11-slim").name == "python"
+    assert profile_for("public.ecr.aws/docker/library/golang:1.22-bookworm").name == "debian-family"
+    assert profile_for("alpine:3.20") is None and profile_for("myorg/ubuntu-tools:1") is None and profile_for(None) is None
     assert profile_for("python:3.13").env() == {"PIP_BREAK_SYSTEM_PACKAGES": "1"}
+
+
+def test_env_lines_read_the_base_images_default_path():
+    plan = plan_dockerfile('FROM gcc:13\nENV PATH="/root/.local/bin:${PATH}" GO=${GOPATH:-none}\n', None)
+    assert plan.env == {"PATH": "/root/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                        "GO": "none"}

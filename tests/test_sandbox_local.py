@@ -253,6 +253,30 @@ def test_a_python_image_profile_gives_python_and_a_system_wide_pip_in_the_trials
         assert any("python -> the host's python3" in item for item in sandbox.build.unhonoured)
     assert not Path("/usr/local/bin/python").exists() or Path("/usr/local/bin/python").read_bytes() != \
         b"#!/bin/sh\nexec python3 \"$@\"\n", "the shim must stay in the task's layer"
-    plain = make_task("no-profile", dockerfile="FROM debian:bookworm\nRUN true\n")
+    plain = make_task("no-profile", dockerfile="FROM alpine:3.20\nRUN true\n")  # not one the host can stand in for
     with backend.open(plain, "p2") as sandbox:
         assert not any(item.startswith("profile") for item in sandbox.build.unhonoured)
+
+
+def test_apt_get_install_of_what_the_host_has_is_satisfied_by_it_whatever_the_pin(backend):
+    # a pinned version the host does not hold (Docker: an install; here: a downgrade or "not found"), and a
+    # package name whose command the host provides from another package (awk, from mawk: "virtual package"
+    # to apt; npm from a NodeSource nodejs is the same case): both stand in, with no network, and say so
+    task = make_task("apt-standin", dockerfile="FROM python:3.12-slim\nRUN apt-get install -y --no-install-recommends "
+                                               "mawk=0.0-not-a-version awk && awk 'BEGIN{print 7}' > /srv/ok.txt\n",
+                     workdir="/srv")
+    with backend.open(task, "apt1") as sandbox:
+        assert sandbox.exec("cat /srv/ok.txt").stdout == "7\n"
+        text = "\n".join(sandbox.build.unhonoured)
+        assert "apt-get install mawk=0.0-not-a-version: the host's mawk" in text
+        assert "apt-get install awk: the host's /usr/bin/awk (from mawk)" in text
+        assert sandbox.exec("/usr/bin/apt-get install -y mawk=0.0-not-a-version").exit_code != 0  # the real tool
+    assert not Path("/usr/local/sbin/apt-get").exists(), "the wrapper stays in the task's layer"
+
+
+def test_an_env_line_reading_path_keeps_the_images_default_path(backend):
+    # ENV PATH="/root/.local/bin:${PATH}" reads the image's PATH (Docker's default), not an empty one
+    task = make_task("env-path", dockerfile="FROM gcc:13.3.0-bookworm\nENV PATH=\"/root/.local/bin:${PATH}\"\n"
+                                            "RUN cp /etc/hostname /srv/copied\n", workdir="/srv")
+    with backend.open(task, "path1") as sandbox:
+        assert sandbox.exec("test -f /srv/copied && echo $PATH").stdout.startswith("/root/.local/bin:/usr/local/sbin:")

@@ -116,3 +116,36 @@ def test_filters_and_bad_input_get_clear_errors(task_set, dirs, capsys):
         code, _, err = _eval(capsys, "--tasks", str(task_set), "--policy", policy,
                              "--out", str(Path(dirs["out"]) / "bad"), *extra)
         assert code == 2 and message in err, (policy, extra, err)
+
+
+def test_a_harbor_oracle_sees_its_whole_solution_directory_at_slash_solution(tmp_path, dirs, capsys):
+    # Harbor uploads solution/ to /solution before running solve.sh; solutions that `cp /solution/x` rely on it
+    task = tmp_path / "tasks" / "copies-its-answer"
+    shutil.copytree(EXAMPLES / "harbor" / "count-words", task)
+    (task / "solution" / "answer.py").write_text("print(len(open('/app/poem.txt').read().split()))\n")
+    solve = task / "solution" / "solve.sh"
+    solve.write_text("#!/bin/bash\nset -e\ncp /solution/answer.py /app/answer.py\n" + solve.read_text())
+    code, summary, err = _eval(capsys, "--tasks", str(tmp_path / "tasks"), "--policy", "oracle",
+                               "--out", str(tmp_path / "run"), "--sandbox-dir", dirs["sandbox"],
+                               "--verifier-dir", dirs["verifier"])
+    assert code == 0 and summary["resolved"] == 1, summary["tasks"]
+    assert "[1/1] copies-its-answer attempt 0: resolved 4/4" in err  # no terminal: a line per finished attempt
+
+
+def test_on_a_terminal_a_bar_advances_and_failures_stay_printed_above_it():
+    import io
+
+    from t1_actors.task_eval._progress import EvalProgress
+    from t1_actors.task_eval._runner import AttemptOutcome
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    with EvalProgress(screen, total=3, done=1) as progress:
+        progress.finished("fine", 0, AttemptOutcome("answered", None, 4, 4, True))
+        progress.finished("broken", 0, AttemptOutcome("infra_error", "task broken: RUN exited 3\nmore"))
+    text = screen.getvalue()
+    assert "[3/3] broken attempt 0: infrastructure: task broken: RUN exited 3" in text and "3/3" in text
+    assert "[2/3] fine" not in text  # a resolved attempt only advances the bar

@@ -29,7 +29,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._sandbox.profiles import profile_for
+from ._sandbox.profiles import IMAGE_ENV, profile_for
 
 DEFAULT_SHELL = ("/bin/sh", "-c")
 _HEREDOC = re.compile(r"<<(-?)(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
@@ -187,12 +187,13 @@ def plan_dockerfile(text: str, context_dir: str | os.PathLike | None, *,
     context = Path(context_dir) if context_dir is not None else None
     args: dict[str, str] = {}
     env: dict[str, str] = {}
+    inherited: dict[str, str] = {}  # the base image's environment: ${PATH} in an ENV line reads it
     shell: tuple[str, ...] = DEFAULT_SHELL
     given = dict(build_args or {})
     workdir = "/"
     for ins in parse_dockerfile(text):
         where = f"line {ins.line}"
-        scope = {**args, **env}
+        scope = {**inherited, **args, **env}
         if ins.name == "FROM":
             words = expand(ins.args, scope).split()
             words = [w for w in words if not w.startswith("--platform")]
@@ -200,6 +201,7 @@ def plan_dockerfile(text: str, context_dir: str | os.PathLike | None, *,
                 raise DockerfileError(f"{where}: FROM names no image; write e.g. FROM python:3.13-slim")
             plan.base_images.append(words[0])
             if len(plan.base_images) == 1:
+                inherited = dict(IMAGE_ENV)
                 profile = profile_for(words[0])  # the image's WORKDIR where its profile knows it
                 workdir = profile.workdir if profile is not None and profile.workdir else "/"
             else:

@@ -111,7 +111,7 @@ def _check_resume(out: Path, header: dict[str, Any]) -> None:
                               "(nothing was touched)")
 
 
-async def _run(args, tasks: list, out: Path, header: dict, show, parts: dict[str, Any] | None) -> dict[str, Any]:
+async def _run(args, tasks: list, out: Path, header: dict, show, stream, parts: dict[str, Any] | None) -> dict[str, Any]:
     import secrets
 
     import trio
@@ -120,6 +120,7 @@ async def _run(args, tasks: list, out: Path, header: dict, show, parts: dict[str
 
     from ..backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
     from ..verification import Verifier, VerifierConfig
+    from ._progress import EvalProgress
     from ._runner import EvalPorts, NoopPolicy, OraclePolicy, play_attempt
 
     log = EventLog.open(out / "log", create=not (out / "log").exists())
@@ -144,19 +145,17 @@ async def _run(args, tasks: list, out: Path, header: dict, show, parts: dict[str
                 policy = NoopPolicy()
             else:
                 policy, sampler_cm = await _open_run_policy(args, ports, by_id, parts)
-            finished = len(done)
             limiter = trio.CapacityLimiter(max(1, args.concurrency))
 
-            async def one(task, attempt: int) -> None:
-                nonlocal finished
-                async with limiter:
-                    await play_attempt(ports, policy, task, attempt, "eval")
-                finished += 1
-                show(f"[{finished}/{len(tasks) * args.attempts}] {task.id} attempt {attempt} done")
+            with EvalProgress(stream, len(tasks) * args.attempts, len(done)) as progress:
+                async def one(task, attempt: int) -> None:
+                    async with limiter:
+                        outcome = await play_attempt(ports, policy, task, attempt, "eval")
+                    progress.finished(task.id, attempt, outcome)
 
-            async with trio.open_nursery() as nursery:
-                for task, attempt in todo:
-                    nursery.start_soon(one, task, attempt)
+                async with trio.open_nursery() as nursery:
+                    for task, attempt in todo:
+                        nursery.start_soon(one, task, attempt)
     finally:
         if sampler_cm is not None:
             await sampler_cm.__aexit__(None, None, None)
@@ -222,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..config import ConfigError
 
     args = _parser().parse_args(argv)
-    show = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    stream = sys.stderr if args.json else sys.stdout  # the human-readable lines; stdout's last line is the JSON
+    show = (lambda line: print(line, file=stream))
     try:
         if args.compare:
             return _compare(args, show)
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_resume(out, header)
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval-config.json").write_text(json.dumps(header, indent=2))
-        summary = trio.run(_run, args, tasks, out, header, show, parts)
+        summary = trio.run(_run, args, tasks, out, header, show, stream, parts)
     except ConfigError as exc:
         print(f"t1-actor eval: {exc}", file=sys.stderr)
         return 2

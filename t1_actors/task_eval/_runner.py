@@ -111,9 +111,11 @@ class OraclePolicy:
             raise SandboxInfraError(f"task {task.id} has no oracle solution (Harbor: solution/solve.sh; "
                                     "Terminal-Bench: solution.sh)")
         sandbox = ports.sandboxes[trial_id]
-        await trio.to_thread.run_sync(sandbox.write_file, ORACLE_PATH, task.oracle.script.encode(), 0o755)
-        outcome = await ports.execute(trial_id, 0, f"if command -v bash >/dev/null; then bash {ORACLE_PATH}; "
-                                                   f"else sh {ORACLE_PATH}; fi", task.limits.agent_timeout_s)
+        script, files = task.oracle.layout(ORACLE_PATH)
+        for path, data in files.items():  # executable: a solve.sh may run its helpers directly
+            await trio.to_thread.run_sync(sandbox.write_file, path, data, 0o755)
+        outcome = await ports.execute(trial_id, 0, f"if command -v bash >/dev/null; then bash {script}; "
+                                                   f"else sh {script}; fi", task.limits.agent_timeout_s)
         return ("infra_error" if outcome.infra_error else "answered"), 0, outcome.infra_error
 
 
@@ -168,7 +170,18 @@ def run_policy_parts(spec: str, temperature: float | None) -> dict[str, Any]:
             else temperature}
 
 
-async def play_attempt(ports: EvalPorts, policy: Policy, task, attempt: int, run_tag: str) -> None:
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """How one attempt ended, as its events in the log say (for the progress line; the log is the record)."""
+
+    finish: str
+    infra_error: str | None = None
+    passed: int = 0
+    total: int = 0
+    resolved: bool = False
+
+
+async def play_attempt(ports: EvalPorts, policy: Policy, task, attempt: int, run_tag: str) -> AttemptOutcome:
     """One (task, attempt): issued, sandbox, the policy within the agent timeout, ended, verified, closed."""
     trial_id = f"{run_tag}-{task.id}-a{attempt}-{secrets.token_hex(3)}"
     await ports.log(TrialIssued(trial_id=trial_id, task_id=task.id, split="eval", label="eval", sample=attempt,
@@ -180,7 +193,7 @@ async def play_attempt(ports: EvalPorts, policy: Policy, task, attempt: int, run
         except SandboxInfraError as exc:
             await ports.log(TrialEnded(trial_id=trial_id, finish="infra_error", infra_error=str(exc),
                                        duration_s=time.monotonic() - start))
-            return
+            return AttemptOutcome("infra_error", str(exc))
         unhonoured = list(ports.sandboxes[trial_id].build.unhonoured)
         finish, turns, infra = "timeout", 0, None
         with trio.move_on_after(task.limits.agent_timeout_s):
@@ -190,8 +203,12 @@ async def play_attempt(ports: EvalPorts, policy: Policy, task, attempt: int, run
                 finish, infra = "infra_error", str(exc)
         await ports.log(TrialEnded(trial_id=trial_id, finish=finish, turns=turns, infra_error=infra,
                                    duration_s=time.monotonic() - start, unhonoured=unhonoured))
-        if infra is None:
-            await ports.verify(trial_id, task.id)
+        if infra is not None:
+            return AttemptOutcome(finish, infra)
+        verification = await ports.verify(trial_id, task.id)
+        return AttemptOutcome(finish, verification.infra_error, verification.passed, verification.total,
+                              verification.infra_error is None and verification.total > 0
+                              and verification.passed == verification.total)
     finally:
         with trio.CancelScope(shield=True):
             await ports.close_sandbox(trial_id)

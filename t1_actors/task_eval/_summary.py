@@ -113,6 +113,8 @@ def pass_at_k_table(rows: list[dict[str, Any]], attempts: int) -> dict[int, floa
 def markdown(summary: dict[str, Any]) -> str:
     """The paper's table: resolved % with its 95 % CI, overall, per category and per difficulty."""
     def line(name: str, rate: dict[str, Any]) -> str:
+        if not rate["n_scored"]:  # every attempt an infrastructure failure: no rate to give
+            return f"| {name} | 0 / 0 | - | - |"
         low, high = rate["ci95"]
         return (f"| {name} | {rate['resolved']} / {rate['n_scored']} | {rate['resolved_rate']:.1%} | "
                 f"{low:.1%} - {high:.1%} |")
@@ -126,11 +128,20 @@ def markdown(summary: dict[str, Any]) -> str:
                 f"timeout {classes['timeout']}, infrastructure {classes['infrastructure']} (excluded from the rate)"]
     if summary.get("pass_at_k"):
         out.append("pass@k: " + ", ".join(f"k={k} {v:.1%}" for k, v in summary["pass_at_k"].items()))
+    infra = [row for row in summary["tasks"] if row["failure_class"] == "infrastructure"]
+    if infra:
+        out += ["", "infrastructure failures (the harness's or the task's, never the policy's):"]
+        out += [f"- {row['task']} attempt {row['attempt']}: {_first_line(row.get('infra_error'))}" for row in infra]
     unhonoured = summary.get("unhonoured") or {}
     if unhonoured:
         out += ["", "not honoured by the local sandbox:"]
         out += [f"- {task}: {'; '.join(steps)}" for task, steps in sorted(unhonoured.items())]
     return "\n".join(out) + "\n"
+
+
+def _first_line(text: str | None, width: int = 200) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return (lines[0] if len(lines) == 1 else " / ".join(lines[:1] + lines[-1:]))[:width] if lines else "?"
 
 
 def compare(rows_a: dict, rows_b: dict) -> dict[str, Any]:

@@ -85,6 +85,10 @@ class Oracle(_Frozen):
 
     script: str
     commands: list[str] = []  # empty for tasks whose solution is not split into turns (most TB tasks)
+    # Harbor puts the whole solution/ directory at /solution (solve.sh may run `cp /solution/x.py ...`):
+    # ``directory`` is that mount point, ``files`` the directory's other files (relative path -> content).
+    directory: str | None = None
+    files: dict[str, str | bytes] = {}
 
     @field_validator("commands")
     @classmethod
@@ -93,6 +97,26 @@ class Oracle(_Frozen):
             if not command.strip():
                 raise ValueError(f"oracle command {i} is empty; drop it or write the command")
         return value
+
+    @field_validator("files")
+    @classmethod
+    def _relative_files(cls, value: dict[str, str | bytes]) -> dict[str, str | bytes]:
+        for path in value:
+            _relative(path, "solution file")
+        return value
+
+    def layout(self, default_script_path: str) -> tuple[str, dict[str, bytes]]:
+        """(where the script goes in the sandbox, every file to write there: absolute path -> bytes).
+
+        With a ``directory`` the script and its files land in it as the format's harness lays them
+        (Harbor: ``/solution/solve.sh`` beside ``/solution/*``); without, the script alone at the default."""
+        if self.directory is None:
+            return default_script_path, {default_script_path: self.script.encode()}
+        script_path = posixpath.join(self.directory, "solve.sh")
+        files = {posixpath.join(self.directory, name): body.encode() if isinstance(body, str) else body
+                 for name, body in self.files.items()}
+        files[script_path] = self.script.encode()
+        return script_path, files
 
 
 class Tests(_Frozen):

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 from ..dockerfile import BuildPlan, CopyStep, RunStep, WorkdirStep, plan_dockerfile
 from .interface import BuildReport, ExecResult, SandboxInfraError
 from .layers import Layer, RootStack, remove_tree, unmount_all
-from .profiles import PYTHON_SHIMS, ImageProfile, profile_for
+from .profiles import APT_SHIMS, APT_STANDIN_LOG, PYTHON_SHIMS, ImageProfile, profile_for
 from .rootfs import RootFS
 from .runner import BASE_ENV, ExecLimits, run_in_root
 
 if TYPE_CHECKING:
     from t1_actors.tasks.model import Task
 
-_FORMAT = 2  # bump when the layout of an image changes (2: base-image profiles)
+_FORMAT = 3  # bump when the layout of an image changes (2: base-image profiles; 3: apt stand-in, image PATH)
 
 
 class SandboxBuildError(SandboxInfraError):
@@ -184,6 +184,7 @@ def _build(task: "Task", plan: BuildPlan, key: str, scratch: Path, stack: RootSt
         root.makedirs(task.environment.workdir)
         for i, command in enumerate(task.environment.setup):
             run(["/bin/sh", "-c", command], env, task.environment.workdir, f"setup command {i}")
+        satisfied = _apt_standins(root) if profile is not None and profile.apt_from_host else []
     except (OSError, ValueError) as exc:
         raise SandboxBuildError(f"task {task.id}: environment build failed: {exc}") from exc
     finally:
@@ -191,7 +192,7 @@ def _build(task: "Task", plan: BuildPlan, key: str, scratch: Path, stack: RootSt
     shutil.rmtree(scratch / "work", ignore_errors=True)
     unhonoured = list(plan.unhonoured)
     if profile is not None:
-        unhonoured.insert(0, profile.describe())
+        unhonoured[0:0] = [profile.describe(), *satisfied]
     if len(plan.base_images) > 0:
         unhonoured.insert(0, f"FROM {plan.base_images[0]} (the host system stands in for the image)")
     report = BuildReport(plan.base_images[0] if plan.base_images else None, len(plan.steps), unhonoured,
@@ -207,6 +208,17 @@ def lay_profile(profile: ImageProfile, root: RootFS) -> None:
         for path, script in PYTHON_SHIMS.items():
             if not root.exists(path):
                 root.write(path, script.encode(), 0o755)
+    if profile.apt_from_host:
+        for path, script in APT_SHIMS.items():
+            root.write(path, script.encode(), 0o755)
+
+
+def _apt_standins(root: RootFS) -> list[str]:
+    """What the apt stand-in satisfied from the host during the build, one report line per package."""
+    if not root.exists(APT_STANDIN_LOG):
+        return []
+    lines = dict.fromkeys(line for line in root.read(APT_STANDIN_LOG).decode(errors="replace").splitlines() if line)
+    return [f"apt-get install {line}" for line in lines]
 
 
 def _copy(step: CopyStep, root: RootFS, run) -> None:

@@ -4,7 +4,7 @@
                               [environment] build_timeout_sec, cpus, memory_mb (or memory = "2G"), docker_image
     instruction.md            the instruction
     environment/Dockerfile    the environment; environment/ is the build context
-    solution/solve.sh         optional: the oracle
+    solution/solve.sh         optional: the oracle (solution/ is laid at /solution, as Harbor does)
     tests/test.sh             the test runner (its installs are the tests' dependencies) + pytest files
 """
 
@@ -24,6 +24,7 @@ from ._common import (
 )
 
 MARKER = "task.toml"
+SOLUTION_DIR = "/solution"  # where Harbor's oracle agent uploads solution/ before running solve.sh
 _METADATA_TYPES = (str, int, float, bool)
 
 
@@ -52,7 +53,10 @@ def load_harbor(path: Path, *, split: str = "eval") -> Task:
                               "(or [environment] docker_image in task.toml)")
 
     solve = path / "solution" / "solve.sh"
-    oracle = {"script": read_text(solve)} if solve.is_file() else None
+    oracle = None
+    if solve.is_file():  # Harbor's oracle sees the whole solution/ directory at /solution
+        others = {name: body for name, body in read_tree(path / "solution").items() if name != "solve.sh"}
+        oracle = {"script": read_text(solve), "directory": SOLUTION_DIR, "files": others}
 
     tests_dir = path / "tests"
     runner = read_text(tests_dir / "test.sh", field=None)  # Harbor's verifier entry point is required
