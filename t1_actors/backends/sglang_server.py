@@ -36,10 +36,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from .sampler_backend import EngineInfo
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BOOT = Path(__file__).with_name("_sglang_boot.py")
@@ -48,15 +49,6 @@ SETUP_HINT = "run `bash .ci/setup-sglang` (it makes the SGLang venv; `.ci/setup`
 
 class SGLangServerError(RuntimeError):
     """The SGLang server could not be started, died, or is not the one expected."""
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """Which engine served a turn: name, version, and an id of this server start (a restart changes it)."""
-
-    name: str
-    version: str
-    start_id: str
 
 
 def sglang_venv(override: str | Path | None = None) -> Path:
@@ -107,19 +99,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def engine_info(url: str, timeout_s: float = 30.0) -> EngineInfo:
-    """Name, version and start id of the server at ``url`` (``GET /get_server_info``).
+def engine_from_server_info(reply: dict) -> EngineInfo:
+    """Name, version and start id of a server from its ``GET /get_server_info`` answer.
 
     The start id hashes what differs between two starts of one server (its random seed, drawn at each
-    start, and its start-up timings), so a restarted server, which has lost loaded weight versions,
-    is told apart from the one that was running.
+    start, its start-up timings, its port), so a restarted server, which has lost the weight versions it
+    loaded, is told apart from the one that was running.
     """
-    try:
-        reply = httpx.get(f"{url}/get_server_info", timeout=timeout_s).json()
-    except (httpx.HTTPError, ValueError) as exc:
-        raise SGLangServerError(f"SGLang server at {url} did not answer /get_server_info: {exc!r}") from exc
     identity = json.dumps([reply.get("random_seed"), reply.get("startup_time"), reply.get("port")], sort_keys=True)
     return EngineInfo("sglang", str(reply.get("version", "unknown")), hashlib.sha256(identity.encode()).hexdigest()[:12])
+
+
+def engine_info(url: str, timeout_s: float = 30.0) -> EngineInfo:
+    """``engine_from_server_info`` of the server at ``url``."""
+    try:
+        response = httpx.get(f"{url}/get_server_info", timeout=timeout_s)
+        response.raise_for_status()
+        reply = response.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise SGLangServerError(f"SGLang server at {url} did not answer /get_server_info: {exc!r}") from exc
+    if isinstance(reply, list) and reply:
+        reply = reply[0]
+    return engine_from_server_info(reply)
 
 
 class SGLangServer:
