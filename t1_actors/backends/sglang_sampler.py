@@ -87,9 +87,10 @@ class SGLangSampler:
         return results  # type: ignore[return-value]
 
     async def cancel(self, request_id: str) -> None:
-        """``/abort_request``, again every ``_ABORT_RETRY_S`` while the request is in flight: an abort that
-        reaches the server before the request does is ignored by it."""
-        self._cancelled.add(request_id)
+        """``/abort_request``; while the request is in flight, sent again every ``_ABORT_RETRY_S`` (an abort
+        that reaches the server before the request does is ignored by it). Not in flight: sent once."""
+        if request_id in self._in_flight:
+            self._cancelled.add(request_id)
         for _ in range(_ABORT_TRIES):
             try:
                 response = await self._client.post("/abort_request", json={"rid": request_id}, timeout=30.0)
@@ -99,6 +100,8 @@ class SGLangSampler:
             if response.status_code >= 400:
                 raise SGLangError(f"/abort_request for {request_id!r} failed: HTTP {response.status_code} "
                                   f"{response.text[:200]}")
+            if request_id not in self._in_flight:
+                return
             await trio.sleep(_ABORT_RETRY_S)
             if request_id not in self._in_flight:
                 return
