@@ -108,9 +108,18 @@ class SGLangSampler:
 
     async def load_weights(self, path: str, version: int) -> None:
         body = {"model_path": str(path), "weight_version": str(version), "abort_all_requests": False}
-        response = await self._client.post("/update_weights_from_disk", json=body,
-                                           timeout=self.config.weight_update_timeout_s)
-        reply = _json(response, "/update_weights_from_disk")
+        try:
+            response = await self._client.post("/update_weights_from_disk", json=body,
+                                               timeout=self.config.weight_update_timeout_s)
+        except httpx.TransportError as exc:
+            raise BackendUnavailable(f"SGLang server at {self.config.sglang_url} did not take policy version "
+                                     f"{version}: {exc!r}") from exc
+        try:  # a refused load is HTTP 400 with {"success": false, "message"} (SGLang 0.5.23), or 200 with it
+            reply = response.json()
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict) or "success" not in reply:
+            reply = _json(response, "/update_weights_from_disk")
         if not reply.get("success", False):
             raise SGLangError(f"SGLang could not load policy version {version} from {path}: {reply.get('message')}")
         self.version = version
