@@ -15,7 +15,8 @@ from t1_actors.backends.sglang_local import sampler_engine, server_sizes, wants_
 from t1_actors.backends.sglang_server import SGLangServer, SGLangServerError, server_args
 from t1_actors.config import parse_config
 from t1_actors.policy import ModelConfig, MoEPolicy
-from t1_actors.rollout import Generation, RolloutLimits, ToolOutcome, run_trial
+from t1_actors.policy.sampling import Generation
+from t1_actors.rollout import RolloutLimits, ToolOutcome, run_trial
 
 SMALL = ModelConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
                     num_experts=4, top_k=2, moe_intermediate_size=8)
@@ -81,8 +82,8 @@ def test_the_summary_names_the_engine_and_a_restart():
 
 def test_a_sampler_error_ends_the_trial_as_an_infrastructure_failure():
     async def sample(prompt_ids, turn):
-        return Generation(np.zeros(0, np.int32), np.zeros(0, np.float32), None, 0, "error",
-                          "SGLang server at http://127.0.0.1:9 failed during /generate")
+        return Generation(len(prompt_ids), np.zeros(0, np.int32), np.zeros(0, np.float32), None, "error", 0,
+                          error="SGLang server at http://127.0.0.1:9 failed during /generate")
 
     async def execute(command, turn):
         raise AssertionError("nothing runs after a failed turn")

@@ -31,10 +31,9 @@ from t1_actors.backends.sglang_sampler import SGLangError, SGLangSampler
 from t1_actors.backends.sglang_server import SETUP_HINT, SGLangServer, SGLangServerError, check_venv, sglang_venv
 from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate
 from t1_actors.policy import ModelConfig, MoEPolicy
-from t1_actors.policy.routing import routing_to_numpy
-from t1_actors.policy.sampling import SamplingParams
+from t1_actors.policy.sampling import Generation, SamplingParams
 from t1_actors.ppo import PPOConfig
-from t1_actors.rollout import Generation, RolloutLimits, ToolOutcome, run_trial
+from t1_actors.rollout import RolloutLimits, ToolOutcome, run_trial
 from tools._replay.drift import token_logprobs
 
 pytestmark = pytest.mark.slow
@@ -306,8 +305,7 @@ async def test_a_server_killed_mid_rollout_is_an_infrastructure_failure(server, 
                     reply = await sampler.call(GenerateRequest(
                         trial_id="dies", turn=turn, input_ids=prompt_ids, max_new_tokens=CONTEXT - len(prompt_ids) - 1,
                         temperature=1.0, top_p=1.0), deadline_s=120)
-                    return Generation(reply.output_ids, reply.logprobs, reply.routing, reply.policy_version,
-                                      reply.finish_reason, reply.error)
+                    return Generation.from_reply(reply, len(prompt_ids))
 
                 async def execute(command: str, turn: int) -> ToolOutcome:
                     raise AssertionError("no command runs: the only turn failed")
