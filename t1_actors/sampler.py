@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 import trio
 from pydantic import BaseModel, ConfigDict, Field
