@@ -16,7 +16,7 @@ from t1_actors.backends.sglang_server import SGLangServer, SGLangServerError, se
 from t1_actors.config import parse_config
 from t1_actors.policy import ModelConfig, MoEPolicy
 from t1_actors.policy.sampling import Generation
-from t1_actors.rollout import RolloutLimits, ToolOutcome, run_trial
+from t1_actors.rollout import RolloutLimits, run_trial
 
 SMALL = ModelConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
                     num_experts=4, top_k=2, moe_intermediate_size=8)
