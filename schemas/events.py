@@ -44,9 +44,13 @@ class SamplerTurn(Event):
     (which was never fed back), shape ``[len(prompt) + len(sampled) - 1, layers, k]``; None when the
     backend did not capture routing. ``token_versions`` gives the policy version per sampled token when
     a generation spans versions (partial-rollout continuation); None means all are ``policy_version``.
+    ``engine``, ``engine_version``, ``engine_start_id``: which engine served the turn (torch, sglang), its
+    version, and which start of it (None in logs written before version 2). ``error``: why a turn with
+    ``finish_reason='error'`` failed (the engine was unreachable or died): an infrastructure failure.
     """
 
     kind = "sampler_turn"
+    schema_version = 2  # 2 adds engine, engine_version, engine_start_id, error
     trial_id: str
     turn: int = Field(ge=0)
     prompt_ids: Array("int32")
@@ -59,6 +63,10 @@ class SamplerTurn(Event):
     temperature: float = Field(gt=0)
     top_p: float = Field(gt=0, le=1)
     sampler_id: str = ""
+    engine: str | None = None
+    engine_version: str | None = None
+    engine_start_id: str | None = None
+    error: str | None = None
 
     def model_post_init(self, _ctx) -> None:
         from .base import SchemaError

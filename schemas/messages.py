@@ -95,6 +95,7 @@ class GenerateReply(Message):
     routing: RoutingArray | None = None
     policy_version: int
     finish_reason: Literal["stop", "length", "cancelled", "error"]
+    error: str | None = None  # finish_reason 'error': why (the engine unreachable or dead); an infrastructure failure
 
 
 @register

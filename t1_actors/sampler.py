@@ -4,6 +4,9 @@
   of every fed position, the policy version used, finish reason), and a ``SamplerTurn`` event in the log.
 - ``Cancel`` for a trial ends its generation at the next token: the reply (and the event) carry what
   was sampled so far with ``finish_reason='cancelled'``, so a partial rollout is never lost.
+- A backend that cannot serve (``BackendUnavailable``: an SGLang server gone mid-rollout) ends the turn
+  with ``finish_reason='error'`` and the reason, in the reply and the event: the trial is an
+  infrastructure failure, never a reward of 0. Every turn's event names the engine that served it.
 - ``PolicyUpdate`` is acknowledged once the checksum is verified; the version is then loaded between
   generations (new admissions wait while in-flight ones finish; the backend never mixes two versions
   inside one generation). Each reply says which version produced it.
@@ -17,13 +20,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import Ack, GenerateReply, GenerateRequest, PolicyUpdate
 
-from .backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend
+from .backends.sampler_backend import (
+    BackendUnavailable, GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend,
+)
 from .job.layout import sha256_file
 from .policy import ModelConfig, MoEPolicy
 from .policy.sampling import Generation, SamplingParams
@@ -108,14 +114,22 @@ class SamplerActor(Actor):
         params = SamplingParams(max_new_tokens=request.max_new_tokens, temperature=request.temperature,
                                 top_p=request.top_p, stop_ids=tuple(request.stop_ids), seed=request.seed)
         generation: Generation | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._cancel_when_asked, backend, request.trial_id, request_id)
-            spec = GenerateSpec(request_id, request.input_ids.tolist(), params, session_id=request.trial_id)
-            [generation] = await backend.generate([spec])
-            nursery.cancel_scope.cancel()
+        error: str | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._cancel_when_asked, backend, request.trial_id, request_id)
+                spec = GenerateSpec(request_id, request.input_ids.tolist(), params, session_id=request.trial_id)
+                [generation] = await backend.generate([spec])
+                nursery.cancel_scope.cancel()
+        except* BackendUnavailable as group:
+            error = "; ".join(str(exc) for exc in group.exceptions)
+            self.logger.error("sampler_backend_unavailable", trial_id=request.trial_id, turn=request.turn, error=error)
+            generation = Generation(len(request.input_ids), np.zeros(0, np.int32), np.zeros(0, np.float32), None,
+                                    "error", backend.version, error=error)
         self._turns += 1
         await self.log(generation.to_event(request.trial_id, request.turn, request.input_ids,
-                                           temperature=request.temperature, top_p=request.top_p, sampler_id=self.name))
+                                           temperature=request.temperature, top_p=request.top_p, sampler_id=self.name,
+                                           engine=backend.engine))
         return generation.to_reply(request.trial_id, request.turn)
 
     async def _cancel_when_asked(self, backend: SamplerBackend, trial_id: str, request_id: str) -> None:

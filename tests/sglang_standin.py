@@ -1,10 +1,10 @@
 """TEST DOUBLE: a local HTTP stand-in for an SGLang server, backed by the torch MoE policy.
 
-SGLang cannot be installed here, so the SGLang client is tested against this small server that
+The SGLang client runs against the real server in tests/test_sglang_real.py; this small server, which
 speaks the documented fields of SGLang's native API (``/generate`` with ``input_ids``,
 ``sampling_params``, ``return_logprob``, ``return_routed_experts``, ``routed_experts_start_len``;
-``/abort_request``; ``/update_weights_from_disk``). It is not SGLang and does not pretend to batch
-like it; it exists only so the client's wire handling is exercised end to end.
+``/abort_request``; ``/update_weights_from_disk``), stays for fast wire-handling tests and the fault
+cases a real server cannot be made to produce. It is not SGLang and does not pretend to batch like it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """SGLang client against a local HTTP stand-in (tests/sglang_standin.py, a TEST DOUBLE backed by the
-torch policy: SGLang itself cannot be installed here)."""
+torch policy), for wire details and faults: malformed answers, HTTP errors, a server without
+/get_server_info. The same behaviours against the REAL SGLang server (ids, logprobs, routing, abort,
+weight updates, a dead server): tests/test_sglang_real.py."""
 
 from __future__ import annotations
 

@@ -37,9 +37,25 @@ class GenerateSpec:
     session_id: str | None = None
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    """Which engine serves: name (torch, sglang), its version, and an id of this start of it (a restarted
+    server, which has lost the weight versions it loaded, has another)."""
+
+    name: str
+    version: str
+    start_id: str
+
+
+class BackendUnavailable(RuntimeError):
+    """The engine cannot serve at all (its server is gone, refuses connections): an infrastructure failure
+    of the turn, never the policy's. The message names the engine's address."""
+
+
 @runtime_checkable
 class SamplerBackend(Protocol):
     version: int  # policy version now loaded
+    engine: EngineInfo  # recorded with every turn it serves
 
     async def generate(self, requests: list[GenerateSpec]) -> list[Generation]:
         """Run the requests (batched with whatever else is in flight); results in request order."""
@@ -76,7 +92,13 @@ class SamplerConfig(BaseModel):
     prefix_cache_tokens: int = Field(65536, ge=0)  # KV kept for sessions' next turns (0: off)
     torch_threads: int = Field(0, ge=0)  # 0: leave torch's default
     # sglang backend
+    sglang_server: Literal["external", "local"] = Field(
+        "external", description="external: a running server at sglang_url; local: the campaign starts one on "
+                                "this machine's CPU for the run's policy (t1-sglang-serve) and stops it at the end")
     sglang_url: str = "http://127.0.0.1:30000"
+    sglang_venv: str | None = Field(None, description="the SGLang venv of a local server (None: $T1_SGLANG_VENV, "
+                                                      "else .venv-sglang at the repository root; .ci/setup-sglang)")
+    sglang_start_timeout_s: float = Field(300.0, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
     weight_update_timeout_s: float = Field(600.0, gt=0)
 

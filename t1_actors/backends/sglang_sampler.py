@@ -11,7 +11,12 @@
 
 The server must run with ``--enable-return-routed-experts`` (routing) and WITHOUT
 ``SGLANG_RETURN_ORIGINAL_LOGPROB`` so that returned logprobs are at the request's temperature, the
-quantity the learner compares against (see ``t1_actors.policy.sampling``).
+quantity the learner compares against (see ``t1_actors.policy.sampling``). ``sglang_server`` starts such
+a server on the CPU (``t1-sglang-serve``); tests/test_sglang_real.py runs this client against it.
+
+Never a silent fallback: a server that is not there at ``open``, or stops answering mid-request, raises
+``BackendUnavailable`` naming the URL (the sampler actor records that turn as an infrastructure failure).
+``engine`` (name, version, start id from ``/get_server_info``) is recorded with every turn.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from schemas import routing_dtype
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.sampling import FinishReason, Generation
 
-from .sampler_backend import GenerateSpec, SamplerConfig
+from .sampler_backend import BackendUnavailable, EngineInfo, GenerateSpec, SamplerConfig
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
+_ABORT_TRIES = 50
+_ABORT_RETRY_S = 0.2
 
 
 class SGLangError(RuntimeError):
@@ -40,12 +47,15 @@ class SGLangError(RuntimeError):
 class SGLangSampler:
     """``SamplerBackend`` over an SGLang server. Create with ``async with SGLangSampler.open(...)``."""
 
-    def __init__(self, client: httpx.AsyncClient, *, config: SamplerConfig, model: ModelConfig, version: int):
+    def __init__(self, client: httpx.AsyncClient, *, config: SamplerConfig, model: ModelConfig, version: int,
+                 engine: EngineInfo | None = None):
         self.config = config
         self.model = model
         self.version = version
+        self.engine = engine or EngineInfo("sglang", "unknown", "unknown")
         self._client = client
         self._cancelled: set[str] = set()
+        self._in_flight: set[str] = set()
 
     @classmethod
     @asynccontextmanager
@@ -54,17 +64,18 @@ class SGLangSampler:
         """``model`` gives layers, k and expert count for the routing record (default: the tiny model)."""
         timeout = httpx.Timeout(config.request_timeout_s, connect=10.0)
         async with httpx.AsyncClient(base_url=config.sglang_url, timeout=timeout, transport=transport) as client:
-            yield cls(client, config=config, model=model or ModelConfig(), version=version)
+            engine = await _engine(client, config.sglang_url)
+            yield cls(client, config=config, model=model or ModelConfig(), version=version, engine=engine)
 
     async def generate(self, requests: list[GenerateSpec]) -> list[Generation]:
         """One HTTP request per spec, concurrently (the server batches them); the first failure is raised."""
         results: list[Generation | None] = [None] * len(requests)
-        errors: list[SGLangError] = []
+        errors: list[Exception] = []
 
         async def one(i: int, spec: GenerateSpec, scope: trio.CancelScope) -> None:
             try:
                 results[i] = await self._generate_one(spec)
-            except SGLangError as exc:
+            except (SGLangError, BackendUnavailable) as exc:
                 errors.append(exc)
                 scope.cancel()
 
@@ -76,16 +87,39 @@ class SGLangSampler:
         return results  # type: ignore[return-value]
 
     async def cancel(self, request_id: str) -> None:
-        self._cancelled.add(request_id)
-        response = await self._client.post("/abort_request", json={"rid": request_id}, timeout=30.0)
-        if response.status_code >= 400:
-            raise SGLangError(f"/abort_request for {request_id!r} failed: HTTP {response.status_code} {response.text[:200]}")
+        """``/abort_request``; while the request is in flight, sent again every ``_ABORT_RETRY_S`` (an abort
+        that reaches the server before the request does is ignored by it). Not in flight: sent once."""
+        if request_id in self._in_flight:
+            self._cancelled.add(request_id)
+        for _ in range(_ABORT_TRIES):
+            try:
+                response = await self._client.post("/abort_request", json={"rid": request_id}, timeout=30.0)
+            except httpx.TransportError as exc:
+                raise BackendUnavailable(f"SGLang server at {self.config.sglang_url} did not take /abort_request "
+                                         f"for {request_id!r}: {exc!r}") from exc
+            if response.status_code >= 400:
+                raise SGLangError(f"/abort_request for {request_id!r} failed: HTTP {response.status_code} "
+                                  f"{response.text[:200]}")
+            if request_id not in self._in_flight:
+                return
+            await trio.sleep(_ABORT_RETRY_S)
+            if request_id not in self._in_flight:
+                return
 
     async def load_weights(self, path: str, version: int) -> None:
         body = {"model_path": str(path), "weight_version": str(version), "abort_all_requests": False}
-        response = await self._client.post("/update_weights_from_disk", json=body,
-                                           timeout=self.config.weight_update_timeout_s)
-        reply = _json(response, "/update_weights_from_disk")
+        try:
+            response = await self._client.post("/update_weights_from_disk", json=body,
+                                               timeout=self.config.weight_update_timeout_s)
+        except httpx.TransportError as exc:
+            raise BackendUnavailable(f"SGLang server at {self.config.sglang_url} did not take policy version "
+                                     f"{version}: {exc!r}") from exc
+        try:  # a refused load is HTTP 400 with {"success": false, "message"} (SGLang 0.5.23), or 200 with it
+            reply = response.json()
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict) or "success" not in reply:
+            reply = _json(response, "/update_weights_from_disk")
         if not reply.get("success", False):
             raise SGLangError(f"SGLang could not load policy version {version} from {path}: {reply.get('message')}")
         self.version = version
@@ -105,10 +139,16 @@ class SGLangSampler:
 
     async def _generate_one(self, spec: GenerateSpec) -> Generation:
         version = self.version
+        self._in_flight.add(spec.request_id)
         try:
             response = await self._client.post("/generate", json=self.request_body(spec))
+        except httpx.TransportError as exc:  # refused, reset, timed out: the server is not serving
+            raise BackendUnavailable(f"SGLang server at {self.config.sglang_url} (start {self.engine.start_id}) "
+                                     f"failed during /generate for {spec.request_id!r}: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise SGLangError(f"/generate for {spec.request_id!r} at {self.config.sglang_url} failed: {exc!r}") from exc
+        finally:
+            self._in_flight.discard(spec.request_id)
         if response.status_code >= 400 and spec.request_id in self._cancelled:
             self._cancelled.discard(spec.request_id)
             return _empty(len(spec.input_ids), "cancelled", version)
@@ -154,6 +194,20 @@ class SGLangSampler:
         if flat.size and (flat.min() < 0 or flat.max() >= self.model.num_experts):
             raise SGLangError(f"routed_experts names expert ids outside [0, {self.model.num_experts})")
         return flat.reshape(rows, layers, top_k).astype(routing_dtype(self.model.num_experts))
+
+
+async def _engine(client: httpx.AsyncClient, url: str) -> EngineInfo:
+    """The server's ``EngineInfo``; ``BackendUnavailable`` when nothing answers at ``url``."""
+    from .sglang_server import engine_from_server_info
+
+    try:
+        response = await client.get("/get_server_info", timeout=30.0)
+    except httpx.TransportError as exc:
+        raise BackendUnavailable(f"no SGLang server answers at {url}: {exc!r} (start one with t1-sglang-serve, "
+                                 "or set [sampler] sglang_server = \"local\")") from exc
+    if response.status_code >= 400:  # a server without the endpoint still serves; its version is unknown
+        return EngineInfo("sglang", "unknown", "unknown")
+    return engine_from_server_info(_json(response, "/get_server_info"))
 
 
 def _empty(prompt_len: int, reason: FinishReason, version: int) -> Generation:

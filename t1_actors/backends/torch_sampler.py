@@ -12,6 +12,7 @@ only its new tokens).
 
 from __future__ import annotations
 
+import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -22,7 +23,7 @@ import trio
 from t1_actors.policy import MoEPolicy
 from t1_actors.policy.sampling import ContinuousBatcher, Generation
 
-from .sampler_backend import GenerateSpec, SamplerConfig
+from .sampler_backend import EngineInfo, GenerateSpec, SamplerConfig
 
 
 @dataclass
@@ -46,6 +47,7 @@ class TorchSampler:
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
         self.config = config
         self.version = version
+        self.engine = EngineInfo("torch", torch.__version__, uuid.uuid4().hex[:12])  # embedded: one start per open
         self._batcher = ContinuousBatcher(policy, capture_routing=config.capture_routing,
                                           max_batch=config.max_batch, dtype=dtype,
                                           prefix_cache_tokens=config.prefix_cache_tokens)

@@ -129,7 +129,9 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
 
     run_config = _with_policy(config, published.location)
     rl_start = time.monotonic()
-    trio.run(run_actors, run_config, campaign, console)
+    from ..backends.sglang_local import local_sglang
+    with local_sglang(run_config, published.location, run_dir) as run_config:  # [sampler] sglang_server = "local"
+        trio.run(run_actors, run_config, campaign, console)
     timings["actors_s"] = time.monotonic() - rl_start
     timings["total_s"] = time.monotonic() - started
     return summarise(run_dir, run_config, sft=sft, timings=timings, console=console, write_report=write_report,

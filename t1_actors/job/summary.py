@@ -9,6 +9,7 @@ from typing import Any
 
 from storage import EventLog
 
+from ..backends.sglang_local import sampler_engine
 from ..eval_stats import eval_outcomes, first_attempts, paired_change
 from ..skill_report import EvalPasses, scored, skill_report
 from .layout import log_path
@@ -82,7 +83,8 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
                             counts=counts, extra={"sft": sft, "timings_s": {k: round(v, 1) for k, v in timings.items()},
                                                   "report": report, "eval_change": eval_change(log, sft_log, passes), "code": code,
                                                   "sft_passes_from": config.section("campaign").warm_start_from
-                                                  if sft_log is not None else None, **skill})
+                                                  if sft_log is not None else None,
+                                                  "sampler_engine": sampler_engine(log), **skill})
     before, after, change = summary["eval_before"], summary["eval_after"], summary["eval_change"]
     if before and after:
         console.log(f"[bold]eval resolved: {before['resolved_rate']:.1%} -> {after['resolved_rate']:.1%} "

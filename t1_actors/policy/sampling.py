@@ -62,24 +62,29 @@ class Generation:
     routing: np.ndarray | None  # [prompt_len + n - 1, layers, k] in routing_dtype(num_experts)
     finish_reason: FinishReason
     policy_version: int = 0  # set by the backend that served it
+    error: str | None = None  # finish_reason 'error': why the engine failed (an infrastructure failure)
 
     def to_reply(self, trial_id: str, turn: int) -> GenerateReply:
         """The sampler actor's answer to a ``GenerateRequest`` (the prompt stays with the caller)."""
         return GenerateReply(trial_id=trial_id, turn=turn, output_ids=self.output_ids, logprobs=self.logprobs,
-                             routing=self.routing, policy_version=self.policy_version, finish_reason=self.finish_reason)
+                             routing=self.routing, policy_version=self.policy_version, finish_reason=self.finish_reason,
+                             error=self.error)
 
     def to_event(self, trial_id: str, turn: int, prompt_ids: np.ndarray, *, temperature: float, top_p: float,
-                 sampler_id: str) -> SamplerTurn:
-        """The log's record of this turn: the prompt the sampler saw beside what it sampled."""
+                 sampler_id: str, engine=None) -> SamplerTurn:
+        """The log's record of this turn: the prompt the sampler saw beside what it sampled, and the engine
+        (a ``backends.sampler_backend.EngineInfo``) that served it."""
+        named = {} if engine is None else dict(engine=engine.name, engine_version=engine.version,
+                                               engine_start_id=engine.start_id)
         return SamplerTurn(trial_id=trial_id, turn=turn, prompt_ids=np.asarray(prompt_ids, np.int32),
                            sampled_ids=self.output_ids, sampler_logprobs=self.logprobs, routing=self.routing,
                            policy_version=self.policy_version, finish_reason=self.finish_reason,
-                           temperature=temperature, top_p=top_p, sampler_id=sampler_id)
+                           temperature=temperature, top_p=top_p, sampler_id=sampler_id, error=self.error, **named)
 
     @classmethod
     def from_reply(cls, reply: GenerateReply, prompt_len: int) -> "Generation":
         return cls(prompt_len, reply.output_ids, reply.logprobs, reply.routing, reply.finish_reason,
-                   reply.policy_version)
+                   reply.policy_version, reply.error)
 
 
 @dataclass

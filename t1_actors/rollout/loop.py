@@ -155,6 +155,8 @@ async def run_trial(
         generation = await sample(prompt_ids, turn)
         if generation.finish_reason in ("cancelled", "error"):
             rollout.finish = "cancelled" if generation.finish_reason == "cancelled" else "sampler_error"
+            if generation.finish_reason == "error":  # the engine failed, not the policy: never scored
+                rollout.infra_error = f"sampler: {generation.error or 'the engine failed'}"
             return rollout
         text = decode(generation.output_ids.tolist())
         try:
