@@ -23,7 +23,7 @@ from storage import EventLog
 from .rollout.admission import StalenessConfig
 from .evaluation import EvalConfig, pass_k_subset
 from .job.config import CampaignConfig
-from .job.layout import checkpoints_dir, log_path, tokenizer_path
+from .job.layout import checkpoints_dir, run_log, tokenizer_path
 from .job.schedule import Controller, TaskSplits, play_schedule
 from .policy.tokenizer import load_tokenizer, special_token_ids
 from .policy.sampling import Generation
@@ -99,7 +99,7 @@ class StalenessActor(Actor):
                                  pass_k=pass_k_subset(sets.eval, self.eval_config.pass_k_tasks))
         self.tasks = sets.by_id
         self.tokenizer = load_tokenizer(tokenizer_path(self.ctx.run_dir))
-        self.reader = EventLog.open(log_path(self.ctx.run_dir))
+        self.reader = EventLog.open(run_log(self.config), config=self.config.section("storage"))
         self.version = 0
         self.version_changed = trio.Event()
         self.stats = BatchStats()

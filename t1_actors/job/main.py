@@ -12,7 +12,8 @@
    tasks for ``rl_seconds``, and evaluates again;
 5. ``summary.json`` and the training-dynamics plots in the run directory.
 
-Everything the actors do is in the run's Zarr log (RUN/log); ``t1-replay`` reads it back.
+Everything the actors do is in the run's Zarr log (RUN/log, or ``[storage] url`` on S3, checked before
+anything starts); ``t1-replay`` reads it back.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from typing import Any
 import trio
 from rich.console import Console
 
-from storage import EventLog
+from storage import EventLog, log_exists
 
 from ..config import load_config, parse_config
 from ..tasks import build_task_sets
 from .config import CampaignConfig
-from .layout import log_path, tokenizer_path
+from .layout import has_log, record_log_location, run_log, tokenizer_path
 from .progress import run_actors, sft_with_progress
 from .sft import check_warm_start_passes, check_warm_start_tasks, publish_initial_policy, reuse_warm_start, train_run_tokenizer
 from .summary import code_version, summarise
@@ -80,9 +81,13 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
     console = console or Console(stderr=True)
     campaign: CampaignConfig = config.section("campaign")
     run_dir = Path(config.run.dir)
-    if (log_path(run_dir)).exists():
+    if has_log(run_dir):
         raise FileExistsError(f"{run_dir} already holds a run's log; pass --run-dir NEW_DIR (nothing was touched)")
+    url = config.section("storage").url
+    if url and log_exists(url):  # also the bucket's check: a clear LogError naming the URL, before any phase
+        raise FileExistsError(f"{url} already holds a run's log; give [storage] url a new prefix (nothing was touched)")
     run_dir.mkdir(parents=True, exist_ok=True)
+    record_log_location(run_dir, url)
     started = time.monotonic()
     code = code_version()  # now: a commit landing while the run goes must not be credited with it
     timings: dict[str, float] = {}
@@ -115,7 +120,7 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
                     f"SFT: {sft['steps']} steps ({sft['epochs']:.1f} epochs), loss {sft['final_loss']:.3f}, "
                     f"{sft['tokens_per_s']:.0f} tok/s")
     published = publish_initial_policy(run_dir, policy)
-    log = EventLog.open(log_path(run_dir), create=True)
+    log = EventLog.open(run_log(config), create=True, config=config.section("storage"))
     model = config.section("model")
     with log.writer("campaign", routing_shape=(model.num_layers, model.top_k), num_experts=model.num_experts) as w:
         w.append(published)
