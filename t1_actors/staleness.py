@@ -29,6 +29,7 @@ from .policy.tokenizer import load_tokenizer, special_token_ids
 from .policy.sampling import Generation
 from .rollout import ToolOutcome
 from .runtime.actor import Actor
+from .runtime.reachability import PeerWatch, ping_call
 from .tasks import build_task_sets
 from .rollout.trials import BatchStats, TrialRunner
 
@@ -105,8 +106,10 @@ class StalenessActor(Actor):
         self.stats = BatchStats()
 
     def status(self) -> dict[str, float]:
+        watch = getattr(self, "watch", None)
         return {"policy_version": float(self.version), "admitted": float(self.stats.admitted),
-                "dropped": float(self.stats.dropped), "cancelled": float(self.stats.cancelled)}
+                "dropped": float(self.stats.dropped), "cancelled": float(self.stats.cancelled),
+                "unreachable_peers": float(len(watch.unreachable) if watch is not None else 0)}
 
     async def _follow_versions(self) -> None:
         """Tail the log for published weights: the learner's version is the newest one."""
@@ -151,8 +154,14 @@ class StalenessActor(Actor):
         controller = Controller(logger=self.logger, version=lambda: self.version, wait_for_version=self.wait_for_version,
                                 events=self._events, rl_seconds_left=self._rl_seconds_left,
                                 warm_up_critic=warm_up_critic)
+        transport = self.config.transport
+        watch = PeerWatch(self.name, {s.name: s.role for s in self.config.actors if s.name != self.name},
+                          ping_call(self.peer), self.log, interval_s=transport.heartbeat_interval_s,
+                          timeout_s=transport.heartbeat_timeout_s)
+        self.watch = watch
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_versions)
+            nursery.start_soon(watch.run)  # a peer cut off (e.g. a sampler's host) is logged, not a silent pause
             await play_schedule(runner, controller, self.splits, campaign=self.campaign, staleness=self.staleness,
                                 eval_config=self.eval_config, run_temperature=self.temperature, stats=self.stats)
             nursery.cancel_scope.cancel()

@@ -25,7 +25,7 @@ from typing import Any
 import trio
 from rich.console import Console
 
-from storage import EventLog, log_exists
+from storage import EventLog, LogError, log_exists
 
 from ..config import load_config, parse_config
 from ..tasks import build_task_sets
@@ -34,6 +34,27 @@ from .layout import has_log, record_log_location, run_log, tokenizer_path
 from .progress import run_actors, sft_with_progress
 from .sft import check_warm_start_passes, check_warm_start_tasks, publish_initial_policy, reuse_warm_start, train_run_tokenizer
 from .summary import code_version, summarise
+
+
+class RunLocationError(FileExistsError):
+    """The run directory or the ``[storage] url`` cannot take this run (found before anything started)."""
+
+
+def check_run_location(config) -> None:
+    """Before any phase: the run directory holds no log, and a ``[storage] url`` names a reachable bucket
+    (else ``LogError`` naming the URL: missing bucket, refused credentials, unreachable endpoint) with no
+    log under its prefix yet."""
+    run_dir = Path(config.run.dir)
+    if has_log(run_dir):
+        raise RunLocationError(f"{run_dir} already holds a run's log; pass --run-dir NEW_DIR (nothing was touched)")
+    url = config.section("storage").url
+    try:
+        taken = bool(url) and log_exists(url)
+    except LogError as error:
+        raise RunLocationError(f"[storage] url: {error}") from None
+    if taken:
+        raise RunLocationError(f"{url} already holds a run's log; give [storage] url a new prefix "
+                               "(nothing was touched)")
 
 
 def stamp() -> str:
@@ -73,7 +94,7 @@ def _with_policy(config, location: str):
     return parse_config(data, "campaign")
 
 
-def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
+def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | None = None) -> dict[str, Any]:
     """Run every phase; returns the summary (also written to RUN/summary.json).
 
     ``write_report(run_dir) -> dict`` draws the plots (the CLI passes ``tools.report.write_report``; this
@@ -81,13 +102,9 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
     console = console or Console(stderr=True)
     campaign: CampaignConfig = config.section("campaign")
     run_dir = Path(config.run.dir)
-    if has_log(run_dir):
-        raise FileExistsError(f"{run_dir} already holds a run's log; pass --run-dir NEW_DIR (nothing was touched)")
-    url = config.section("storage").url
-    if url and log_exists(url):  # also the bucket's check: a clear LogError naming the URL, before any phase
-        raise FileExistsError(f"{url} already holds a run's log; give [storage] url a new prefix (nothing was touched)")
+    check_run_location(config)
     run_dir.mkdir(parents=True, exist_ok=True)
-    record_log_location(run_dir, url)
+    record_log_location(run_dir, config.section("storage").url)
     started = time.monotonic()
     code = code_version()  # now: a commit landing while the run goes must not be credited with it
     timings: dict[str, float] = {}
@@ -129,7 +146,7 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
 
     run_config = _with_policy(config, published.location)
     rl_start = time.monotonic()
-    trio.run(run_actors, run_config, campaign, console)
+    trio.run(run_actors, run_config, campaign, console, hosts)
     timings["actors_s"] = time.monotonic() - rl_start
     timings["total_s"] = time.monotonic() - started
     return summarise(run_dir, run_config, sft=sft, timings=timings, console=console, write_report=write_report,
