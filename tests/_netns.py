@@ -48,6 +48,7 @@ class Hosts:
     address: dict[str, str] = field(default_factory=dict)    # host name -> its address
     namespace: dict[str, str] = field(default_factory=dict)  # host name -> its netns
     link: dict[str, str] = field(default_factory=dict)       # host name -> its veth leg on the bridge
+    interface: dict[str, str] = field(default_factory=dict)  # host name -> its own interface (inside its netns)
 
     def exec(self, name: str, argv: list[str]) -> list[str]:
         """``argv`` run inside host ``name``."""
@@ -87,6 +88,7 @@ def namespace_hosts(names: list[str], subnet: int):
             ip("-n", ns, "link", "set", inner, "up")
             ip("-n", ns, "link", "set", "lo", "up")
             hosts.address[name] = address
+            hosts.interface[name] = inner
         yield hosts
     finally:
         for ns in hosts.namespace.values():
