@@ -6,10 +6,8 @@ reads the log by that URL. A bad URL is refused before any phase starts, naming 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

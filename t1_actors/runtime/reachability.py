@@ -13,7 +13,6 @@ the outage a fact in the log instead of a silent pause:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -44,13 +43,13 @@ class PeerWatch:
 
     async def _watch(self, name: str) -> None:
         while True:
-            started = time.monotonic()
+            started = trio.current_time()
             try:
                 await self._call(name, self.interval_s)
                 answered = True
             except (DeadlineExceeded, RemoteError, OSError):
                 answered = False
-            now = time.monotonic()
+            now = trio.current_time()
             if answered:
                 if name in self.unreachable:
                     silent = now - self.unreachable.pop(name)
@@ -61,7 +60,7 @@ class PeerWatch:
                 if silent > self.timeout_s:
                     self.unreachable[name] = self.last_answer[name]
                     await self._record(name, "unreachable", f"{self.me}: no answer to pings for {silent:.1f} s")
-            await trio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
+            await trio.sleep(max(0.0, self.interval_s - (trio.current_time() - started)))
 
     async def _record(self, name: str, state: str, reason: str) -> None:
         await self._log(ActorLifecycle(actor=name, role=self.peers[name], state=state, reason=reason))
