@@ -58,10 +58,11 @@ class ActorPorts:
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray,
                        seed: int | None = None, temperature: float | None = None) -> Generation:
         c = self.campaign
-        reply = await self.actor.peer("sampler").call_bulk(GenerateRequest(
+        samplers = self.actor.peer("sampler")  # every turn of a trial to one replica: its prefix cache stays warm
+        reply = await samplers.call_bulk(GenerateRequest(
             trial_id=trial_id, turn=turn, input_ids=prompt_ids, max_new_tokens=c.max_new_tokens,
             temperature=temperature or self.actor.temperature, top_p=self.actor.top_p, stop_ids=[self.stop_id],
-            policy_version_wanted=self.actor.version, seed=seed))
+            policy_version_wanted=self.actor.version, seed=seed), to=samplers.pick(trial_id))
         return Generation.from_reply(reply, len(prompt_ids))
 
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
