@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -53,14 +54,14 @@ def _s3_server(address: str):
     return server, "http://{}:{}".format(*server.get_host_and_port())
 
 
-def _wait_for(predicate, timeout_s: float, what: str, job: subprocess.Popen):
+def _wait_for(predicate, timeout_s: float, what: str, job: subprocess.Popen, job_log: Path):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         if job.poll() is not None:
-            pytest.fail(f"the job exited ({job.returncode}) while waiting for {what}: {job.stdout.read()[-4000:]}")
+            pytest.fail(f"the job exited ({job.returncode}) while waiting for {what}: {job_log.read_text()[-4000:]}")
         time.sleep(0.5)
     pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
 
@@ -96,24 +97,25 @@ def test_a_campaign_on_three_hosts_survives_a_cut_link_and_logs_it(tmp_path, mon
         started = time.monotonic()
         job = subprocess.Popen(hosts.exec("ctl", [sys.executable, "-m", "t1_actors.cli", "launch", "--config",
                                                   str(config), "--quick", "--run-dir", str(run_dir), "--host", "ctl"]),
-                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               cwd=ROOT, env=env, stdout=(tmp_path / "job.log").open("w"), stderr=subprocess.STDOUT)
         remote: list[subprocess.Popen] = []
         try:
             resolved = run_dir / "config.resolved.json"
-            _wait_for(resolved.is_file, 600, "the job's resolved config (its supervisor is up)", job)
+            _wait_for(resolved.is_file, 600, "the job's resolved config (its supervisor is up)", job,
+                      tmp_path / "job.log")
             for name, host in PLACEMENT.items():
                 if host != "ctl":
                     remote.append(subprocess.Popen(
                         hosts.exec(host, [sys.executable, "-m", "t1_actors.cli", name.split("-")[0], "--config",
                                           str(resolved), "--name", name]),
-                        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            _wait_for(lambda: _learner_steps(url) >= 1, 600, "the first PPO step", job)
+                        cwd=ROOT, env=env, stdout=(tmp_path / f"{name}.out").open("w"), stderr=subprocess.STDOUT))
+            _wait_for(lambda: _learner_steps(url) >= 1, 600, "the first PPO step", job, tmp_path / "job.log")
             cut_at = time.time()
             hosts.cut("gpu-0")
             time.sleep(OUTAGE_S)
             hosts.mend("gpu-0")
             mended_at = time.time()
-            output, _ = job.communicate(timeout=900)
+            job.wait(timeout=900)
             wall_s = time.monotonic() - started
         finally:
             if job.poll() is None:
@@ -125,8 +127,9 @@ def test_a_campaign_on_three_hosts_survives_a_cut_link_and_logs_it(tmp_path, mon
                     proc.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-        assert job.returncode == 0, output[-4000:]
-        assert [proc.returncode for proc in remote] == [0, 0, 0]  # SIGTERM: clean shutdowns on gpu-0, gpu-1
+        remote_tails = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in tmp_path.glob("*.out"))
+        assert job.returncode == 0, (tmp_path / "job.log").read_text()[-4000:] + remote_tails
+        assert [proc.returncode for proc in remote] == [0, 0, 0], remote_tails  # SIGTERM: clean shutdowns
 
         log = EventLog.open(url)
         times = dict(log.append_times())
