@@ -65,6 +65,10 @@ def test_t1_replay_report_and_drift_read_the_log_by_its_url(s3_run):
     out = json.loads(drift.stdout)
     assert out["trajectories"] >= 1 and out["loss_tokens"] > 0
     assert all(out["checksums"].values())  # weights found by version from the log, checksums verified
+    trial = next(e.trial_id for _, e in EventLog.open(url).events(kinds=["trajectory_assembled"]))
+    show = _replay("show", url, "--trial", trial, "--json")
+    assert show.returncode == 0, show.stderr[-3000:]
+    assert json.loads(show.stdout)["trial_id"] == trial
     by_dir = _replay("state", str(run_dir), "--json")  # the run directory finds its log through log.url
     by_url = _replay("state", url, "--json")
     assert by_dir.returncode == by_url.returncode == 0, by_dir.stderr[-2000:] + by_url.stderr[-2000:]
