@@ -65,7 +65,7 @@ def test_t1_replay_report_and_drift_read_the_log_by_its_url(s3_run):
     out = json.loads(drift.stdout)
     assert out["trajectories"] >= 1 and out["loss_tokens"] > 0
     assert all(out["checksums"].values())  # weights found by version from the log, checksums verified
-    trial = next(e.trial_id for _, e in EventLog.open(url).events(kinds=["trajectory_assembled"]))
+    trial = next(e.trial_id for _, e in EventLog.open(url).events(kinds=["trajectory"]))
     show = _replay("show", url, "--trial", trial, "--json")
     assert show.returncode == 0, show.stderr[-3000:]
     assert json.loads(show.stdout)["trial_id"] == trial
