@@ -32,6 +32,9 @@ def require_netns() -> None:
     """Skip without root; fail as root when namespaces cannot be made (the reason named)."""
     if os.geteuid() != 0:
         pytest.skip("needs root (ip netns add)")
+    if shutil.which("nsenter") is None:
+        pytest.fail("running as root but util-linux `nsenter` is not installed: install it (apt-get install "
+                    "util-linux); these tests must run where CI runs them")
     if shutil.which("ip") is None:
         pytest.fail("running as root but iproute2 `ip` is not installed: install it (apt-get install iproute2); "
                     "these tests must run where CI runs them")
@@ -51,8 +54,9 @@ class Hosts:
     interface: dict[str, str] = field(default_factory=dict)  # host name -> its own interface (inside its netns)
 
     def exec(self, name: str, argv: list[str]) -> list[str]:
-        """``argv`` run inside host ``name``."""
-        return ["ip", "netns", "exec", self.namespace[name], *argv]
+        """``argv`` run inside host ``name``'s network namespace, with this machine's mounts: nsenter, not
+        ``ip netns exec`` (which remounts /sys, and so hides the cgroup hierarchy the sandboxes need)."""
+        return ["nsenter", f"--net=/run/netns/{self.namespace[name]}", "--", *argv]
 
     def cut(self, name: str) -> None:
         ip("link", "set", self.link[name], "down")
