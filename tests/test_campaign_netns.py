@@ -134,9 +134,10 @@ def test_a_campaign_on_three_hosts_survives_a_cut_link_and_logs_it(tmp_path, mon
         log = EventLog.open(url)
         times = dict(log.append_times())
         events = list(log.events())
+        segments = set(log.segments())
         server.stop()
 
-    assert set(PLACEMENT) | {"campaign", "supervisor"} <= set(log.segments())  # every host wrote to S3
+    assert set(PLACEMENT) | {"campaign", "supervisor"} <= segments  # every host wrote to S3
     steps = [(times[eid], e) for eid, e in events if isinstance(e, LearnerStep)]
     assert len(steps) == 3 and any(t > mended_at for t, _ in steps)  # recovered: PPO went on after the cut
     # the sampler on gpu-0 loaded versions the learner on gpu-1 published (by location and sha256)
