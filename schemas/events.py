@@ -252,11 +252,13 @@ class EvalResult(Event):
 
 @register
 class ActorLifecycle(Event):
-    """An actor started, stopped, died or was restarted (by the supervisor)."""
+    """An actor started, stopped, died or was restarted (by the supervisor); or it stopped answering for
+    longer than the heartbeat timeout (``unreachable``) and answers again (``reachable``), as seen by the
+    writer of the event (the supervisor by heartbeats, another actor by pings: ``runtime.reachability``)."""
 
     kind = "actor_lifecycle"
     actor: str
     role: str
-    state: Literal["started", "stopped", "died", "restarted", "gave_up"]
+    state: Literal["started", "stopped", "died", "restarted", "gave_up", "unreachable", "reachable"]
     reason: str = ""
     pid: int = 0

@@ -36,10 +36,10 @@ together (one read per array, up to ``read_block_bytes``) and their arrays share
 """
 
 from ._cursor import Cursor
-from ._log import EventLog, parse_event_id
+from ._log import EventLog, log_exists, parse_event_id
 from ._writer import SegmentWriter
 from .config import StorageConfig
 from .errors import CorruptionError, EventRejected, LogError, LogNotFound, WriterBusy
 
-__all__ = ["EventLog", "SegmentWriter", "Cursor", "StorageConfig", "parse_event_id",
+__all__ = ["EventLog", "SegmentWriter", "Cursor", "StorageConfig", "parse_event_id", "log_exists",
            "LogError", "LogNotFound", "WriterBusy", "EventRejected", "CorruptionError"]

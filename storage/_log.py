@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
@@ -32,6 +34,15 @@ def parse_event_id(event_id: str) -> tuple[str, int]:
     if not sep or not writer or not seq.isdigit():
         raise KeyError(f"{event_id!r} is not an event id (expected '<writer>:<seq>', e.g. 'sampler-0:12')")
     return writer, int(seq)
+
+
+def log_exists(location: Any) -> bool:
+    """Does ``location`` (a directory, an fsspec URL, a store) hold a log already? On S3 the bucket is
+    checked first: a missing bucket, refused credentials or an unreachable endpoint raise ``LogError``
+    naming the URL, so a run can validate its log's root before it starts anything."""
+    if isinstance(location, (str, os.PathLike)) and "://" not in os.fspath(location):
+        return (Path(location) / "zarr.json").is_file()
+    return _store.get_json(_store.open_store(location), "zarr.json") is not None
 
 
 class EventLog:

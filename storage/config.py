@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Shuffle = Literal["noshuffle", "shuffle", "bitshuffle"]
 
@@ -28,6 +28,9 @@ class StorageConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    url: str | None = Field(None, description="the log's root on an object store, s3://BUCKET/PREFIX (credentials "
+                            "and endpoint from the standard AWS variables, AWS_ENDPOINT_URL included); None: the "
+                            "run directory's log/. The run directory keeps everything else (t1_actors/job/layout.py)")
     routing_chunk_bytes: int = Field(1 << 20, ge=1024, description="bytes per chunk of the routing array")
     vector_chunk_bytes: int = Field(1 << 17, ge=1024, description="bytes per chunk of ids, masks, logprobs, ...")
     header_chunk_bytes: int = Field(1 << 16, ge=1024, description="bytes per chunk of the msgpack header array")
@@ -47,3 +50,15 @@ class StorageConfig(BaseModel):
     read_block_bytes: int = Field(16 << 20, ge=0, description="payload bytes a reader fetches in one read per "
                                   "array for consecutive events; the events' arrays are views of that block "
                                   "(so a record kept alive keeps its block alive)")
+
+    @field_validator("url")
+    @classmethod
+    def _s3_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        scheme, sep, rest = url.partition("://")
+        bucket, _, prefix = rest.partition("/")
+        if not sep or scheme not in ("s3", "s3a") or not bucket or not prefix.strip("/"):
+            raise ValueError(f"url = {url!r}: expected s3://BUCKET/PREFIX (a prefix of its own for this run's log; "
+                             "leave url out to keep the log in the run directory)")
+        return url.rstrip("/")

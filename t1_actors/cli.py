@@ -154,7 +154,12 @@ def _campaign(args) -> int:
             raise ConfigError(str(error)) from None
         print(json.dumps({k: table[k] for k in ("seeds", "beat_sft_best", "alpha")}))
         return 0
-    summary = run_campaign(config, write_report=write_report)
+    from .job.main import RunLocationError
+
+    try:
+        summary = run_campaign(config, write_report=write_report, hosts=set(args.host) if args.host else None)
+    except RunLocationError as error:  # the run dir or [storage] url, checked before anything ran
+        raise ConfigError(str(error)) from None
     return 0 if summary.get("eval_after") is not None else 1
 
 

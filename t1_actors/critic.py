@@ -36,7 +36,7 @@ from .policy import ModelConfig, MoEPolicy
 from .policy.value import ValueModel
 from .ppo import PPOConfig
 from .runtime.actor import Actor, handles, on_event
-from .job.layout import checkpoints_dir, log_path
+from .job.layout import checkpoints_dir, run_log
 
 
 
@@ -69,7 +69,7 @@ class CriticActor(Actor):
         self.model_config: ModelConfig = self.config.section("model")
         torch.set_num_threads(self.critic_config.threads)
         run_dir = Path(self.ctx.run_dir)
-        self.event_log = EventLog.open(log_path(run_dir), create=True)
+        self.event_log = EventLog.open(run_log(self.config), create=True, config=self.config.section("storage"))
         self.checkpoint_path = checkpoints_dir(run_dir) / f"{self.name}.pt"
         self.engine: TorchCritic | None = None
         self.position: dict[str, int] | None = None

@@ -37,7 +37,7 @@ from .policy import ModelConfig, MoEPolicy
 from .ppo import PPOConfig
 from .runtime.actor import Actor, on_event
 from .runtime.errors import NoSuchPeer
-from .job.layout import checkpoints_dir, log_path
+from .job.layout import checkpoints_dir, run_log
 
 
 
@@ -80,7 +80,7 @@ class LearnerActor(Actor):
         size = self.learner_config.batch_size
         self.batch_size = size if size is not None else self.config.section("staleness").batch_size
         run_dir = Path(self.ctx.run_dir)
-        self.event_log = EventLog.open(log_path(run_dir), create=True)
+        self.event_log = EventLog.open(run_log(self.config), create=True, config=self.config.section("storage"))
         self.weights_root = run_dir / "weights"
         self.checkpoint_path = checkpoints_dir(run_dir) / f"{self.name}.pt"
         self.pending: list[str] = []

@@ -21,19 +21,20 @@ from schemas import (
 )
 from storage import EventLog
 
-from .rollout.admission import StalenessConfig
 from .evaluation import EvalConfig, pass_k_subset
 from .job.config import CampaignConfig
-from .job.layout import checkpoints_dir, log_path, tokenizer_path
+from .job.layout import checkpoints_dir, run_log, tokenizer_path
 from .job.schedule import Controller, TaskSplits, play_schedule
-from .policy.tokenizer import load_tokenizer, special_token_ids
 from .policy.sampling import Generation
+from .policy.tokenizer import load_tokenizer, special_token_ids
 from .rollout import ToolOutcome
-from .runtime.actor import Actor
-from .tasks import build_task_sets
+from .rollout.admission import StalenessConfig
 from .rollout.recovery import close_abandoned, open_trials
 from .rollout.trials import BatchStats, TrialRunner
+from .runtime.actor import Actor
 from .runtime.errors import RuntimeFault
+from .runtime.reachability import PeerWatch, ping_call
+from .tasks import build_task_sets
 
 
 class ActorPorts:
@@ -60,10 +61,11 @@ class ActorPorts:
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray,
                        seed: int | None = None, temperature: float | None = None) -> Generation:
         c = self.campaign
-        reply = await self.actor.peer("sampler").call_bulk(GenerateRequest(
+        samplers = self.actor.peer("sampler")  # every turn of a trial to one replica: its prefix cache stays warm
+        reply = await samplers.call_bulk(GenerateRequest(
             trial_id=trial_id, turn=turn, input_ids=prompt_ids, max_new_tokens=c.max_new_tokens,
             temperature=temperature or self.actor.temperature, top_p=self.actor.top_p, stop_ids=[self.stop_id],
-            policy_version_wanted=self.actor.version, seed=seed))
+            policy_version_wanted=self.actor.version, seed=seed), to=samplers.pick(trial_id))
         return Generation.from_reply(reply, len(prompt_ids))
 
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
@@ -105,14 +107,16 @@ class StalenessActor(Actor):
                                  pass_k=pass_k_subset(sets.eval, self.eval_config.pass_k_tasks))
         self.tasks = sets.by_id
         self.tokenizer = load_tokenizer(tokenizer_path(self.ctx.run_dir))
-        self.reader = EventLog.open(log_path(self.ctx.run_dir))
+        self.reader = EventLog.open(run_log(self.config), config=self.config.section("storage"))
         self.version = 0
         self.version_changed = trio.Event()
         self.stats = BatchStats()
 
     def status(self) -> dict[str, float]:
+        watch = getattr(self, "watch", None)
         return {"policy_version": float(self.version), "admitted": float(self.stats.admitted),
-                "dropped": float(self.stats.dropped), "cancelled": float(self.stats.cancelled)}
+                "dropped": float(self.stats.dropped), "cancelled": float(self.stats.cancelled),
+                "unreachable_peers": float(len(watch.unreachable) if watch is not None else 0)}
 
     async def _follow_versions(self) -> None:
         """Tail the log for published weights: the learner's version is the newest one."""
@@ -176,8 +180,14 @@ class StalenessActor(Actor):
             version = max((e.version for e in await self._events("weights_published")), default=0)
             await close_abandoned(abandoned, self._trial_events, runner.ports.log, self._close_quietly, version,
                                   wait_s=ABANDONED_WAIT_S)
+        transport = self.config.transport
+        watch = PeerWatch(self.name, {s.name: s.role for s in self.config.actors if s.name != self.name},
+                          ping_call(self.peer), self.log, interval_s=transport.heartbeat_interval_s,
+                          timeout_s=transport.heartbeat_timeout_s)
+        self.watch = watch
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_versions)
+            nursery.start_soon(watch.run)  # a peer cut off (e.g. a sampler's host) is logged, not a silent pause
             await play_schedule(runner, controller, self.splits, campaign=self.campaign, staleness=self.staleness,
                                 eval_config=self.eval_config, run_temperature=self.temperature, stats=self.stats)
             nursery.cancel_scope.cancel()

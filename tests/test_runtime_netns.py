@@ -1,6 +1,6 @@
 """Two actors in separate network namespaces (joined by a veth pair) talk over tcp://.
 
-Needs root and `ip netns`; skipped with the reason otherwise. Each actor runs alone
+Needs root and `ip netns`: skipped without root, failed as root without them (tests/_netns.py). Each actor runs alone
 (`t1-actor echo --config ... --name ...`) inside its namespace, as on two hosts of a cluster; the
 test's driver runs inside the second namespace and asks actor B to call actor A across the link.
 """
@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from _netns import require_netns
+
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300)]
 
 TESTS = Path(__file__).resolve().parent
@@ -27,24 +29,9 @@ def _ip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True)
 
 
-def _netns_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (ip netns add)"
-    if shutil.which("ip") is None:
-        return "iproute2 `ip` is not installed"
-    probe = f"t1probe{os.getpid()}"
-    made = _ip("netns", "add", probe)
-    if made.returncode != 0:
-        return f"ip netns is not permitted here: {made.stderr.strip()}"
-    _ip("netns", "del", probe)
-    return None
-
-
 @pytest.fixture
 def two_namespaces():
-    reason = _netns_unavailable()
-    if reason:
-        pytest.skip(reason)
+    require_netns()  # skipped without root; as root without `ip` (or refused) a failure: CI runs this
     tag = f"{os.getpid() % 100000}"
     ns_a, ns_b, veth_a, veth_b = f"t1a{tag}", f"t1b{tag}", f"t1va{tag}", f"t1vb{tag}"
     steps = [("netns", "add", ns_a), ("netns", "add", ns_b),
@@ -58,7 +45,7 @@ def two_namespaces():
         for step in steps:
             done = _ip(*step)
             if done.returncode != 0:
-                pytest.skip(f"cannot build the namespaces (ip {' '.join(step)}): {done.stderr.strip()}")
+                pytest.fail(f"cannot build the namespaces (ip {' '.join(step)}): {done.stderr.strip()}")
         yield ns_a, ns_b
     finally:
         _ip("netns", "del", ns_a)  # deleting a namespace removes its end of the veth pair, and the pair

@@ -205,15 +205,15 @@ class _Events:
 
 def logged_sft_best(run: Path):
     """The run's own SFT pass at its best temperature (label -> task -> Outcome), when its log has one."""
-    from t1_actors.job.layout import log_path
+    from t1_actors.job.layout import has_log, log_location
     from t1_actors.eval_stats import first_attempts
     from t1_actors.skill_report import EvalPasses, best_label
 
-    if not log_path(run).exists():
+    if not has_log(run):
         return None, None
     from storage import EventLog
 
-    passes = EvalPasses.read(EventLog.open(log_path(run)))
+    passes = EvalPasses.read(EventLog.open(log_location(run)))
     name = best_label(passes.results, "sft")
     return (name, first_attempts(passes.attempts[name])) if name in passes.attempts else (None, None)
 

@@ -276,9 +276,11 @@ def _fmt(value) -> str:
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict:
     """PNG plots + summary.md of the run at ``run_dir`` (default output RUN/report/). Returns the summary
     with ``figures`` and ``markdown`` paths added."""
-    from tools._replay.run import RunView
+    from tools._replay.run import RunError, RunView
 
     view = RunView.open(run_dir)
+    if out_dir is None and view.root is None:
+        raise RunError(f"{run_dir}: no run directory on this machine to write report/ into; pass --out DIR")
     out = Path(out_dir) if out_dir is not None else view.root / "report"
     s = series_of(view.events)
     figures = write_plots(s, out)
@@ -288,7 +290,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     if curve is not None:
         figures.append(curve)
     md = out / "summary.md"
-    md.write_text(markdown_summary(summary, figures, str(view.root)))
+    md.write_text(markdown_summary(summary, figures, str(view.root or view.log_path)))
     return {**summary, "figures": [str(p) for p in figures], "markdown": str(md)}
 
 

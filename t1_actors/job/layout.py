@@ -1,16 +1,56 @@
-"""Where a run's files are, defined once: ``RUN/log`` (the event log), ``RUN/tokenizer.json`` (t1's own BPE) or
-``RUN/tokenizer/`` (a copy of the HF tokenizer directory of ``[campaign] tokenizer``),
-``RUN/weights/vNNNNN`` (a published policy version), ``RUN/checkpoints`` (actors' resumable state), and
-the sha256 a published weights file is checked by."""
+"""Where a run's files are, defined once: the event log (``RUN/log``, or ``[storage] url`` on an object
+store: ``log_location``), ``RUN/tokenizer.json`` (t1's own BPE) or ``RUN/tokenizer/`` (a copy of the HF
+tokenizer directory of ``[campaign] tokenizer``), ``RUN/weights/vNNNNN`` (a published policy version),
+``RUN/checkpoints`` (actors' resumable state), and the sha256 a published weights file is checked by.
+
+With ``[storage] url = "s3://BUCKET/PREFIX"`` only the log moves: the run directory keeps the tokenizer,
+weights, checkpoints, summary and report, and ``RUN/log.url`` names the log's URL so that anything given
+only the run directory (``t1-replay``, the summary, a later run's ``warm_start_from``) finds it."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 
+LOG_URL_FILE = "log.url"
+
+
 def log_path(run_dir: str | Path) -> Path:
+    """The log's directory when it stays in the run directory (no ``[storage] url``)."""
     return Path(run_dir) / "log"
+
+
+def log_location(run_dir: str | Path, url: str | None = None) -> str | Path:
+    """Where a run's log is, decided here only: ``url`` (the run's ``[storage] url``) when given, else the
+    URL recorded in ``RUN/log.url`` by the job that made the run, else ``RUN/log``."""
+    if url:
+        return url
+    pointer = Path(run_dir) / LOG_URL_FILE
+    if pointer.is_file():
+        return pointer.read_text().strip()
+    return log_path(run_dir)
+
+
+def has_log(run_dir: str | Path) -> bool:
+    """Has this run directory a log (its own ``log/``, or a recorded URL)? No network access."""
+    return log_path(run_dir).exists() or (Path(run_dir) / LOG_URL_FILE).is_file()
+
+
+def run_log(config) -> str | Path:
+    """The log of a run config (what every actor and the job open)."""
+    return log_location(config.run.dir, config.section("storage").url)
+
+
+def record_log_location(run_dir: str | Path, url: str | None) -> None:
+    """Write ``RUN/log.url`` when the log lives off the run directory (atomically: a reader sees all of it)."""
+    if not url:
+        return
+    pointer = Path(run_dir) / LOG_URL_FILE
+    partial = pointer.with_suffix(".partial")
+    partial.write_text(url + "\n")
+    partial.replace(pointer)
 
 
 def tokenizer_path(run_dir: str | Path) -> Path:
@@ -31,6 +71,17 @@ def version_dirname(version: int) -> str:
 
 def weights_dir(run_dir: str | Path, version: int) -> Path:
     return Path(run_dir) / "weights" / version_dirname(version)
+
+
+def run_dir_of_weights(location: str | Path) -> Path | None:
+    """The run directory a published version's location (``RUN/weights/vNNNNN[/file]``) is in, when it is
+    on this machine; None otherwise (a log read by URL elsewhere, weights published off the run dir)."""
+    path = Path(location)
+    if path.suffix:  # a file inside the version directory
+        path = path.parent
+    if path.parent.name == "weights" and re.fullmatch(r"v\d{5,}", path.name) and path.parent.parent.is_dir():
+        return path.parent.parent
+    return None
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:

@@ -13,7 +13,8 @@
    tasks for ``rl_seconds``, and evaluates again;
 5. ``summary.json`` and the training-dynamics plots in the run directory.
 
-Everything the actors do is in the run's Zarr log (RUN/log); ``t1-replay`` reads it back.
+Everything the actors do is in the run's Zarr log (RUN/log, or ``[storage] url`` on S3, checked before
+anything starts); ``t1-replay`` reads it back.
 """
 
 from __future__ import annotations
@@ -25,18 +26,40 @@ from typing import Any
 import trio
 from rich.console import Console
 
-from storage import EventLog
+from storage import EventLog, LogError, log_exists
 
+from ..backends.sglang_local import local_sglang
 from ..config import load_config, parse_config
 from ..tasks import build_task_sets
 from .config import CampaignConfig
-from .layout import log_path, tokenizer_path
+from .layout import has_log, record_log_location, run_log, tokenizer_path
 from .progress import run_actors, sft_with_progress
 from .sft import (
     check_warm_start_passes, check_warm_start_tasks, copy_run_tokenizer, publish_initial_policy, reuse_warm_start,
     train_run_tokenizer,
 )
 from .summary import code_version, summarise
+
+
+class RunLocationError(FileExistsError):
+    """The run directory or the ``[storage] url`` cannot take this run (found before anything started)."""
+
+
+def check_run_location(config) -> None:
+    """Before any phase: the run directory holds no log, and a ``[storage] url`` names a reachable bucket
+    (else ``LogError`` naming the URL: missing bucket, refused credentials, unreachable endpoint) with no
+    log under its prefix yet."""
+    run_dir = Path(config.run.dir)
+    if has_log(run_dir):
+        raise RunLocationError(f"{run_dir} already holds a run's log; pass --run-dir NEW_DIR (nothing was touched)")
+    url = config.section("storage").url
+    try:
+        taken = bool(url) and log_exists(url)
+    except LogError as error:
+        raise RunLocationError(f"[storage] url: {error}") from None
+    if taken:
+        raise RunLocationError(f"{url} already holds a run's log; give [storage] url a new prefix "
+                               "(nothing was touched)")
 
 
 def stamp() -> str:
@@ -76,7 +99,7 @@ def _with_policy(config, location: str):
     return parse_config(data, "campaign")
 
 
-def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
+def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | None = None) -> dict[str, Any]:
     """Run every phase; returns the summary (also written to RUN/summary.json).
 
     ``write_report(run_dir) -> dict`` draws the plots (the CLI passes ``tools.report.write_report``; this
@@ -84,9 +107,9 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
     console = console or Console(stderr=True)
     campaign: CampaignConfig = config.section("campaign")
     run_dir = Path(config.run.dir)
-    if (log_path(run_dir)).exists():
-        raise FileExistsError(f"{run_dir} already holds a run's log; pass --run-dir NEW_DIR (nothing was touched)")
+    check_run_location(config)
     run_dir.mkdir(parents=True, exist_ok=True)
+    record_log_location(run_dir, config.section("storage").url)
     started = time.monotonic()
     code = code_version()  # now: a commit landing while the run goes must not be credited with it
     timings: dict[str, float] = {}
@@ -120,7 +143,7 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
                     f"SFT: {sft['steps']} steps ({sft['epochs']:.1f} epochs), loss {sft['final_loss']:.3f}, "
                     f"{sft['tokens_per_s']:.0f} tok/s")
     published = publish_initial_policy(run_dir, policy)
-    log = EventLog.open(log_path(run_dir), create=True)
+    log = EventLog.open(run_log(config), create=True, config=config.section("storage"))
     model = config.section("model")
     with log.writer("campaign", routing_shape=(model.num_layers, model.top_k), num_experts=model.num_experts) as w:
         w.append(published)
@@ -129,9 +152,8 @@ def run_campaign(config, *, console=None, write_report=None) -> dict[str, Any]:
 
     run_config = _with_policy(config, published.location)
     rl_start = time.monotonic()
-    from ..backends.sglang_local import local_sglang
     with local_sglang(run_config, published.location, run_dir) as run_config:  # [sampler] sglang_server = "local"
-        trio.run(run_actors, run_config, campaign, console)
+        trio.run(run_actors, run_config, campaign, console, hosts)
     timings["actors_s"] = time.monotonic() - rl_start
     timings["total_s"] = time.monotonic() - started
     return summarise(run_dir, run_config, sft=sft, timings=timings, console=console, write_report=write_report,

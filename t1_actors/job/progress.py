@@ -5,7 +5,6 @@ last eval pass."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import trio
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -15,7 +14,7 @@ from storage import EventLog
 
 from ..runtime.supervisor import Supervisor
 from .config import CampaignConfig
-from .layout import log_path
+from .layout import run_log
 from .sft import warm_start
 
 
@@ -61,17 +60,21 @@ def sft_with_progress(config, tasks, tokenizer, campaign, console):
         return warm_start(config, tasks, tokenizer, pool_progress=pool_progress, progress=progress)
 
 
-async def run_actors(config, campaign: CampaignConfig, console) -> None:
+async def run_actors(config, campaign: CampaignConfig, console, hosts: set[str] | None = None) -> None:
     """Phase 4: the six actors under the supervisor until the staleness controller's final eval is logged.
+
+    ``hosts``: the ``host`` names that are this machine (``t1-actor launch --host``; default its own names);
+    actors of other hosts are started there (``t1-actor ROLE --config RUN/config.resolved.json --name N``)
+    and only watched from here.
 
     SIGINT/SIGTERM reach the supervisor, which stops every actor cleanly; the summary is still written
     from whatever the log holds.
     """
-    log = EventLog.open(log_path(Path(config.run.dir)))
+    log = EventLog.open(run_log(config), config=config.section("storage"))
     # A deadline on the whole phase, so a wedged actor cannot hang the job: RL's bound, the last steps,
     # start-ups, and an hour for the eval protocol's passes (the default run's take ~15 min).
     budget = campaign.rl_seconds + campaign.finish_timeout_s + 2 * campaign.actor_ready_timeout_s + 3600
-    supervisor = Supervisor(config)
+    supervisor = Supervisor(config, hosts=hosts)
     async with trio.open_nursery() as nursery:
 
         async def supervise(task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from ..config import parse_config
-from .layout import log_path
+from .layout import has_log
 from .main import _jsonable, run_campaign
 from .sft import check_warm_start_passes
 ALPHA = 0.05
@@ -35,6 +35,8 @@ def seed_config(config, *, seed: int, run_dir: Path, base: Path | None):
     (its tokenizer, SFT policy and SFT eval passes) unless ``base`` is None."""
     data = _jsonable(config)
     data["run"]["dir"] = str(run_dir)
+    if config.section("storage").url:  # each seed's log under a prefix of its own
+        data["storage"] = {**data.get("storage", {}), "url": f"{config.section('storage').url}/seed{seed}"}
     data["campaign"] = {**data.get("campaign", {}), "seed": seed}
     if base is not None:
         data["campaign"]["warm_start_from"] = str(base)
@@ -104,7 +106,7 @@ def run_seeds(config, *, seeds: int, out: Path, base: Path | None = None, consol
     for seed, run_dir, seed_cfg in plan:
         if not (run_dir / "summary.json").is_file():
             console.rule(f"seed {seed} of {seeds}: {run_dir}")
-            if log_path(run_dir).exists():
+            if has_log(run_dir):
                 raise FileExistsError(f"{run_dir} holds an unfinished run (a log, no summary.json); move it away "
                                       "and run again: the finished seeds are kept")
             run_campaign(seed_cfg, console=console, write_report=write_report)

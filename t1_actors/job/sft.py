@@ -28,7 +28,7 @@ from ..skill_report import is_sft_label
 from ..tasks import TasksConfig, build_task_sets, oracle_trajectory
 from ..warmstart import chat_corpus, execute_oracle_pool, supervised_finetune
 from .config import CampaignConfig
-from .layout import hf_tokenizer_dir, log_path, sha256_file, tokenizer_path, weights_dir
+from .layout import has_log, hf_tokenizer_dir, log_location, sha256_file, tokenizer_path, weights_dir
 
 
 def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int):
@@ -150,9 +150,9 @@ def check_warm_start_passes(previous: Path, config) -> None:
                 raise ValueError(f"{where}: its [{section}] {key} = {a.get(key)!r}, this run's = {b.get(key)!r}; "
                                  "the SFT passes would not be the draws this run's RL passes pair with: make them "
                                  "equal, or set [eval] sft_passes = 'run'")
-    if not log_path(previous).exists():
-        raise ValueError(f"{where}: it has no log ({log_path(previous)})")
-    results = [e for _, e in EventLog.open(log_path(previous)).events(kinds=["eval_result"])
+    if not has_log(previous):
+        raise ValueError(f"{where}: it has no log ({log_location(previous)})")
+    results = [e for _, e in EventLog.open(log_location(previous)).events(kinds=["eval_result"])
                if isinstance(e, EvalResult) and is_sft_label(e.label)]
     if not any(e.last for e in results):
         raise ValueError(f"{where}: its log holds {len(results)} SFT eval passes but not the protocol's last one; "
@@ -163,7 +163,7 @@ def sft_passes_log(config):
     """The log the SFT policy's eval passes are read from, when not this run's (``[eval] sft_passes``)."""
     if config.section("eval").sft_passes != "warm_start":
         return None
-    return EventLog.open(log_path(Path(config.section("campaign").warm_start_from)))
+    return EventLog.open(log_location(Path(config.section("campaign").warm_start_from)))
 
 
 def publish_initial_policy(run_dir: Path, policy) -> WeightsPublished:

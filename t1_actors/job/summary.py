@@ -12,7 +12,7 @@ from storage import EventLog
 from ..backends.sglang_local import sampler_engine
 from ..eval_stats import eval_outcomes, first_attempts, paired_change
 from ..skill_report import EvalPasses, scored, skill_report
-from .layout import log_path
+from .layout import run_log
 from .sft import sft_passes_log
 
 
@@ -63,7 +63,7 @@ def eval_change(log, sft_log=None, passes=None) -> dict[str, Any] | None:
 def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write_report=None,
               code: dict[str, Any] | None = None) -> dict[str, Any]:
     """Phase 5: summary.json and the plots, both from the log alone."""
-    log = EventLog.open(log_path(run_dir))
+    log = EventLog.open(run_log(config), config=config.section("storage"))
     sft_log = sft_passes_log(config)
     passes = EvalPasses.read(log, sft_log)
     evals = passes.results

@@ -14,7 +14,7 @@ from schemas.events import ActorLifecycle
 from schemas.messages import Ack, Cancel, ErrorReply, Generic, Heartbeat, Ping, Pong, Shutdown
 
 from ..config import RunConfig
-from ..job.layout import log_path
+from ..job.layout import run_log
 from .actor import Actor, ActorContext
 from .auth import Opener, Sealer
 from .errors import DeadlineExceeded, RemoteError
@@ -239,7 +239,7 @@ def _describe(exc: BaseException) -> str:
 
 
 async def _open_writer(config: RunConfig, name: str):
-    """This actor's segment writer of the run's event log (``<run dir>/log``)."""
+    """This actor's segment writer of the run's event log (``job.layout.run_log``: RUN/log or ``[storage] url``)."""
     try:
         import storage
     except ImportError as exc:  # pragma: no cover - storage ships with t1
@@ -250,7 +250,7 @@ async def _open_writer(config: RunConfig, name: str):
     storage_cfg = config.section("storage")
 
     def open_sync():
-        log = storage.EventLog.open(log_path(config.run.dir), create=True, config=storage_cfg)
+        log = storage.EventLog.open(run_log(config), create=True, config=storage_cfg)
         return log.writer(name, routing_shape=(model.num_layers, model.top_k), num_experts=model.num_experts)
 
     return await trio.to_thread.run_sync(open_sync)

@@ -11,7 +11,8 @@
 A dead actor is restarted after a backoff that doubles per restart (``restart_backoff_s`` up to
 ``restart_backoff_max_s``); after ``restart_limit`` restarts inside ``restart_window_s`` the supervisor
 gives up on it (logged, ``ActorLifecycle(state='gave_up')``). An actor whose heartbeats stop for
-``heartbeat_timeout_s`` is reported by name and, with ``restart_unresponsive``, killed and restarted.
+``heartbeat_timeout_s`` is reported by name and logged (``ActorLifecycle(state='unreachable')``, then
+``'reachable'`` when its heartbeats resume) and, with ``restart_unresponsive``, killed and restarted.
 Shutdown: a ``Shutdown`` message to each, then SIGTERM after ``shutdown_grace_s``, then SIGKILL.
 """
 
@@ -200,6 +201,7 @@ class Supervisor:
             if managed.silent_reported:
                 self.logger.info("actor_responsive_again", peer=record.actor)
                 managed.silent_reported = False
+                await self._event(managed, "reachable", reason="supervisor: heartbeats again")
             if not managed.ready.is_set():
                 managed.ready.set()
                 self.logger.info("actor_ready", peer=record.actor)
@@ -225,6 +227,7 @@ class Supervisor:
                 if silent > transport.heartbeat_timeout_s and not m.silent_reported:
                     m.silent_reported = True
                     self.logger.error("actor_unresponsive", peer=name, silent_s=round(silent, 2))
+                    await self._event(m, "unreachable", reason=f"supervisor: no heartbeat for {silent:.1f} s")
                     if m.local and sup.restart_unresponsive:
                         self._kill(m, f"no heartbeat for {silent:.1f}s")
 

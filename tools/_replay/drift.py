@@ -356,6 +356,6 @@ def drift_of_run(view, *, limit: int | None = None, tokenizer=None, trial: str |
         raise RunError("no trajectory could be replayed: " + "; ".join(report.skipped))
     out = report.to_json()
     out["boundaries"] = boundaries
-    out["run"] = str(view.root)
+    out["run"] = str(view.root or view.log_path)
     out["checksums"] = {str(v): view.weights_checksum_ok(v) for v in sorted(report.versions)}
     return out

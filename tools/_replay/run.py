@@ -1,8 +1,11 @@
 """A run directory as the replay tools see it: its event log, its weights by version, its tokenizer.
 
-Layout written by the campaign: ``RUN/log`` (the Zarr event log), ``RUN/weights/<version dir>``
-(a policy version as config.json + model.safetensors, named by WeightsPublished events), and the
-run's tokenizer (``RUN/tokenizer.json``). ``RUN`` may also be the log directory itself.
+Layout written by the campaign: ``RUN/log`` (the Zarr event log; or the URL in ``RUN/log.url`` when
+``[storage] url`` put it on S3), ``RUN/weights/<version dir>`` (a policy version as config.json +
+model.safetensors, named by WeightsPublished events), and the run's tokenizer (``RUN/tokenizer.json``).
+``RUN`` may also be the log directory itself, or the log's URL (``s3://BUCKET/PREFIX``, credentials and
+endpoint from the standard AWS variables): the run directory is then the one its published weights are
+in (``RUN/weights/vNNNNN``), when this machine has it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 from schemas import Event, SamplerTurn, WeightsPublished
 from storage import EventLog, LogError
-from t1_actors.job.layout import sha256_file
+from t1_actors.job.layout import has_log, log_location, run_dir_of_weights, sha256_file
 
 TOKENIZER_NAMES = ("tokenizer.json", "tokenizer/tokenizer.json", "assets/tokenizer.json")
 
@@ -27,28 +30,33 @@ class RunError(ValueError):
 class RunView:
     """All events of a run in log order, with lookups the tools need."""
 
-    root: Path
-    log_path: Path
+    root: Path | None  # None: a log read by URL whose run directory this machine does not have
+    log_path: Path | str
     events: list[tuple[str, Event]]
     _models: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     @classmethod
     def open(cls, run: str | Path) -> "RunView":
-        root = Path(run)
-        if not root.exists():
-            raise RunError(f"run {root} does not exist; pass a run directory (with log/) or a log directory")
-        log_path = root / "log" if (root / "log").exists() else root
+        by_url = "://" in str(run) and not str(run).startswith("file://")
+        root: Path | None = None if by_url else Path(str(run).removeprefix("file://"))
+        if root is not None and not root.exists():
+            raise RunError(f"run {root} does not exist; pass a run directory (with log/), a log directory or "
+                           "the log's URL (s3://BUCKET/PREFIX)")
+        log_path = str(run) if root is None else log_location(root) if has_log(root) else root
         try:
             log = EventLog.open(log_path)
         except (LogError, OSError, ValueError) as exc:
             raise RunError(f"{log_path}: not a readable t1 event log ({type(exc).__name__}: {exc}); "
                            "pass the run directory the campaign wrote") from exc
-        if root == log_path and root.name == "log":
+        if root is not None and root == log_path and root.name == "log":
             root = root.parent
         try:
             events = list(_read_all(log))
         except (LogError, OSError, ValueError) as exc:  # CorruptionError names the segment, array and chunk
             raise RunError(f"{log_path}: cannot read the log: {exc}") from exc
+        if root is None:
+            root = next((found for _, e in events if isinstance(e, WeightsPublished)
+                         if (found := run_dir_of_weights(e.location)) is not None), None)
         return cls(root=root, log_path=log_path, events=events)
 
     # ------------------------------------------------------------ lookups
@@ -88,18 +96,21 @@ class RunView:
         for _, e in self.of_kind(WeightsPublished):
             if e.version == version:
                 path = Path(e.location)
-                path = path if path.is_absolute() else self.root / path
+                if not path.is_absolute():
+                    if self.root is None:
+                        continue
+                    path = self.root / path
                 if path.is_file():
                     path = path.parent
                 if path.exists():
                     return path
-        weights = self.root / "weights"
-        if weights.is_dir():
+        weights = None if self.root is None else self.root / "weights"
+        if weights is not None and weights.is_dir():
             for child in sorted(weights.iterdir()):
                 m = re.search(r"(\d+)$", child.name)
                 if child.is_dir() and m and int(m.group(1)) == version:
                     return child
-        raise RunError(f"no weights for policy version {version} in {self.root} (no WeightsPublished event with "
+        raise RunError(f"no weights for policy version {version} in {self.root or self.log_path} (no WeightsPublished event with "
                        f"an existing location, no {weights}/<name ending in {version}>); keep the run's weights "
                        "to replay it")
 
@@ -145,7 +156,7 @@ class RunView:
                 return load_tokenizer(path).backend_tokenizer
             except (OSError, ValueError) as exc:
                 raise RunError(f"--tokenizer {path}: {exc}") from None
-        for name in TOKENIZER_NAMES:
+        for name in TOKENIZER_NAMES if self.root is not None else ():
             candidate = self.root / name
             if candidate.is_file():
                 return Tokenizer.from_file(str(candidate))
