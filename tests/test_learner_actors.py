@@ -3,7 +3,6 @@ the critic's update after it, and a restarted learner that resumes from its chec
 
 from __future__ import annotations
 
-import functools
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import trio
 
 pytest.importorskip("t1_actors.runtime.host")
 
+from _trio import trio_test  # noqa: E402
 from _learner_data import TINY, sample_trajectories, tiny_policy  # noqa: E402
 from schemas import StalenessDecision, TrialIssued, WeightsPublished  # noqa: E402
 from storage import EventLog  # noqa: E402
@@ -63,12 +63,6 @@ def _critic_updates(run_dir) -> int:
     path = run_dir / "checkpoints" / "critic-0.pt"
     return int(torch.load(path, weights_only=True)["critic"]["updates"]) if path.is_file() else 0
 
-
-def trio_test(fn):
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        return trio.run(functools.partial(fn, *args, **kwargs))
-    return run
 
 
 @trio_test

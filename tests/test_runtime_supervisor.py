@@ -3,7 +3,6 @@ and the `t1-actor launch` program under SIGINT and SIGKILL (no orphans, no half-
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import signal
@@ -17,6 +16,7 @@ import pytest
 import trio
 
 import storage
+from _trio import trio_test  # noqa: E402
 from schemas.messages import Generic, Ping, Pong
 from t1_actors.config import load_config, parse_config
 from t1_actors.runtime import DeadlineExceeded, connect
@@ -28,12 +28,6 @@ KEY = "supervisor-test-key-0123456789"
 TESTS = Path(__file__).resolve().parent
 ENV = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
 
-
-def trio_test(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        trio.run(functools.partial(fn, *args, **kwargs))
-    return wrapper
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import shutil
 import tempfile
 from contextlib import asynccontextmanager
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 import trio
 
+from _trio import trio_test  # noqa: E402
 from schemas.messages import Cancel, GenerateReply, GenerateRequest, Generic, Ping, Pong, Shutdown
 from t1_actors.config import parse_config
 from t1_actors.runtime import (DeadlineExceeded, NoSuchPeer, RemoteError, RequestCancelled, connect,
@@ -20,13 +20,6 @@ from test_runtime_actors import EchoActor, GracefulActor
 
 KEY = "test-key-0123456789abcdef"
 
-
-def trio_test(fn):
-    """Run an async test in a fresh trio loop (no pytest plugin needed)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        trio.run(functools.partial(fn, *args, **kwargs))
-    return wrapper
 
 
 @pytest.fixture

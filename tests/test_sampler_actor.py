@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 
 import numpy as np
@@ -12,6 +11,7 @@ import trio
 
 pytest.importorskip("t1_actors.runtime.host")
 
+from _trio import trio_test  # noqa: E402
 from schemas import Cancel, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn  # noqa: E402
 from t1_actors.policy import ModelConfig, MoEPolicy  # noqa: E402
 from t1_actors.runtime.errors import RemoteError  # noqa: E402
@@ -24,12 +24,6 @@ torch.set_num_threads(1)
 MODEL = dict(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
              num_experts=8, top_k=2, moe_intermediate_size=16)
 
-
-def trio_test(fn):
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        return trio.run(functools.partial(fn, *args, **kwargs))
-    return run
 
 
 def _config(actor_config):

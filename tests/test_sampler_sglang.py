@@ -6,7 +6,6 @@ weight updates, a dead server): tests/test_sglang_real.py."""
 from __future__ import annotations
 
 import base64
-import functools
 
 import httpx
 import numpy as np
@@ -15,6 +14,7 @@ import torch
 import trio
 
 from sglang_standin import SGLangStandIn
+from _trio import trio_test  # noqa: E402
 from t1_actors.backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend
 from t1_actors.backends.sglang_sampler import SGLangError, SGLangSampler
 from t1_actors.policy import ModelConfig, MoEPolicy
@@ -25,12 +25,6 @@ torch.set_num_threads(1)
 CONFIG = ModelConfig(vocab_size=128, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8,
                      num_experts=8, top_k=2, moe_intermediate_size=16)
 
-
-def trio_test(fn):
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        return trio.run(functools.partial(fn, *args, **kwargs))
-    return run
 
 
 def _policy(seed: int) -> MoEPolicy:

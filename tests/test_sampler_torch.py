@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import pytest
 import torch
 import trio
 
+from _trio import trio_test  # noqa: E402
 from t1_actors.backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend
 from t1_actors.backends.torch_sampler import TorchSampler
 from t1_actors.policy import ModelConfig, MoEPolicy
@@ -31,13 +31,6 @@ def _policy(seed: int) -> MoEPolicy:
 def _prompt(i: int) -> list[int]:
     return np.random.default_rng(i).integers(0, 128, size=5 + 3 * i).tolist()
 
-
-def trio_test(fn):
-    """Run an async test under trio (no pytest plugin needed)."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        return trio.run(functools.partial(fn, *args, **kwargs))
-    return run
 
 
 async def _until(predicate, timeout: float = 30.0) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 
 import pytest
@@ -10,6 +9,7 @@ import trio
 
 pytest.importorskip("t1_actors.runtime.host")
 
+from _trio import trio_test  # noqa: E402
 from schemas import Cancel, ExecRequest, SandboxClose, SandboxExec, SandboxOpen, VerifierResult, VerifyRequest  # noqa: E402
 from t1_actors.backends._sandbox import cgroups  # noqa: E402
 from t1_actors.runtime.errors import RemoteError, RequestCancelled  # noqa: E402
@@ -23,12 +23,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or cgroups.available() is not 
                                 reason="the local sandbox needs root and cgroup v1 memory/pids")
 TASKS = {"seed": 0, "train_size": 2, "eval_size": 2}
 
-
-def trio_test(fn):
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        return trio.run(functools.partial(fn, *args, **kwargs))
-    return run
 
 
 def _config(actor_config, tmp_path):

@@ -15,7 +15,6 @@ FAIL saying so, they never skip.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -25,6 +24,7 @@ import pytest
 import torch
 import trio
 
+from _trio import trio_test  # noqa: E402
 from schemas import GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn, TrajectoryAssembled
 from t1_actors.backends.sampler_backend import BackendUnavailable, GenerateSpec, SamplerConfig
 from t1_actors.backends.sglang_sampler import SGLangError, SGLangSampler
@@ -44,12 +44,6 @@ MODEL = ModelConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, n
 CONTEXT = 512
 MEASURED: dict[str, object] = {}  # figures docs/sglang.md quotes; printed at module end (pytest -s)
 
-
-def trio_test(fn):
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        return trio.run(functools.partial(fn, *args, **kwargs))
-    return run
 
 
 def _policy(seed: int) -> MoEPolicy:
