@@ -41,8 +41,13 @@ def open_store(location: Any) -> Store:
         if "://" in text and not text.startswith("file://"):
             from ._lease import check_bucket, is_s3
 
-            # a log is read while it grows: fsspec's cached directory listings would hide new segments
-            options = {"use_listings_cache": False} if text.startswith(("s3://", "s3a://")) else None
+            options = None
+            if text.startswith(("s3://", "s3a://")):
+                # a log is read while it grows: fsspec's cached directory listings would hide new segments
+                options = {"use_listings_cache": False}
+                endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+                if endpoint:  # in s3fs's instance-cache key: after the endpoint changes, a new client, not the old
+                    options["endpoint_url"] = endpoint
             store = zarr.storage.FsspecStore.from_url(text, storage_options=options)
             if is_s3(store):
                 check_bucket(store, text)

@@ -186,8 +186,8 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
     from storage import EventLog
     from tools._replay.audit import audit_log
 
-    from .config import load_config
-    from .job.summary import code_version
+    from ..config import load_config
+    from ..job.summary import code_version
 
     base = load_config(config, quick=quick, run_dir=run_dir)
     run_dir = Path(base.run.dir).resolve()

@@ -257,7 +257,8 @@ class Supervisor:
             state = "started" if first else "restarted"
             first = False
             self.logger.info(f"actor_{state}", peer=m.spec.name, pid=m.process.pid)
-            await self._event(m, state, reason="process spawned", pid=m.process.pid)
+            # "process spawned": the actor logs its own start ("serving"); two facts, two contents
+            await self._event(m, state, reason="process spawned" if state == "started" else "", pid=m.process.pid)
             code = await m.process.wait()
             if self._stopping:
                 break

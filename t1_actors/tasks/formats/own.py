@@ -55,6 +55,10 @@ def load_own(path: Path) -> Task:
     oracle = dict(expect(spec.pop("oracle", {}), dict, spec_file, "oracle", "a table"))
     if (path / "solution.sh").is_file():
         oracle["script"] = read_text(path / "solution.sh")
+        extra = path / "solution"  # the oracle's other files (laid in oracle.directory beside the script)
+        if extra.is_dir():
+            oracle["files"] = {str(f.relative_to(extra)): _text_or_bytes(f.read_bytes())
+                               for f in sorted(extra.rglob("*")) if f.is_file()}
     elif oracle:
         raise TaskFormatError(path / "solution.sh", None, "missing while [oracle] is set; write the oracle script")
 
@@ -86,6 +90,8 @@ def write_own(task: Task, directory: str | Path) -> Path:
         write_bytes(root / "tests" / relative, content)
     if task.oracle is not None:
         write_bytes(root / "solution.sh", task.oracle.script, 0o755)
+        for relative, content in task.oracle.files.items():
+            write_bytes(root / "solution" / relative, content)
     if task.tests.script is not None:
         write_bytes(root / "run-tests.sh", task.tests.script, 0o755)
     if env.dockerfile is not None:
@@ -105,7 +111,7 @@ def write_own(task: Task, directory: str | Path) -> Path:
         "metadata": task.metadata,
     }
     if task.oracle is not None:
-        spec["oracle"] = {"commands": task.oracle.commands}
+        spec["oracle"] = _without_none({"commands": task.oracle.commands, "directory": task.oracle.directory})
     (root / MARKER).write_text(tomli_w.dumps(spec, multiline_strings=True), encoding="utf-8")
     return root
 
@@ -122,3 +128,10 @@ def _mode(value: Any, file: Path, path: str) -> int:
 
 def _without_none(table: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in table.items() if value is not None and value != {}}
+
+
+def _text_or_bytes(data: bytes) -> str | bytes:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
