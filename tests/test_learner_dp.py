@@ -1,5 +1,6 @@
 """Data parallel: two gloo ranks, each with its share of the batch, give the single-process gradients."""
 
+import datetime
 import os
 import sys
 
@@ -8,7 +9,7 @@ import torch
 import torch.multiprocessing as mp
 
 from _learner_data import TINY, sample_trajectories, tiny_policy
-from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate, shard
+from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate, data_parallel_group, shard
 from t1_actors.ppo import PPOConfig
 
 CFG = PPOConfig(max_grad_norm=1e6)  # no clipping: compare raw gradients
@@ -37,15 +38,13 @@ def _batch():
 
 def _rank(rank: int, world: int, init_file: str, out: str) -> None:
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
+    with data_parallel_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                             timeout=datetime.timedelta(seconds=120)):
         policy = tiny_policy()
         learner = TorchLearner(policy, CFG, critic=TorchCritic.for_policy(policy, CFG))
         result = _first_step_gradients(learner, shard(_batch()))
         if rank == 0:
             torch.save(result, out)
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def test_two_gloo_ranks_match_single_process_gradients(tmp_path):

@@ -7,6 +7,7 @@ it fails): CI runs it."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ import torch
 
 from _learner_data import TINY, sample_trajectories, tiny_policy
 from _netns import namespace_hosts
-from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate, shard
+from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate, data_parallel_group, shard
 from t1_actors.ppo import PPOConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(600)]
@@ -48,12 +49,9 @@ def train(rank: int | None, world: int, out: str) -> None:
 
 def rank_main(rank: int, world: int, master: str, out: str) -> None:
     """One rank on one host: the process group over tcp to rank 0's host, then ``train``."""
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://{master}:{PORT}", rank=rank,
-                                         world_size=world, timeout=__import__("datetime").timedelta(seconds=120))
-    try:
+    with data_parallel_group("gloo", init_method=f"tcp://{master}:{PORT}", rank=rank, world_size=world,
+                             timeout=datetime.timedelta(seconds=120)):
         train(rank, world, out)
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def _max_abs(a: dict, b: dict) -> float:

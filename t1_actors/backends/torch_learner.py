@@ -11,15 +11,17 @@ critic (``torch_critic``), weight publishing, exact-resume checkpoints and torch
 The critic can live in its own actor instead: ``TorchCritic.values / critic_values`` value trajectories
 for the log, ``update(batch)`` applies the clipped value loss after a learner step, ``warmup(batches)``
 runs the one-epoch warm-up before any policy step and reports explained variance before and after.
-Data parallel: call ``init_data_parallel()`` in each process (torchrun env), give each rank its
+Data parallel: run each process inside ``data_parallel_group()`` (torchrun env), give each rank its
 ``shard(batch)``; ranks start from rank 0's weights (``broadcast_parameters``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +39,8 @@ from ._ppo_step import Trainable, run_ppo_step, world_size
 from .torch_critic import TorchCritic, WarmupReport  # noqa: F401  (re-exported)
 
 __all__ = ["TorchLearner", "TorchCritic", "StepResult", "PublishedWeights", "WarmupReport", "TrajectoryBatch",
-           "collate", "version_dirname", "init_data_parallel", "shard", "broadcast_parameters", "sha256_file"]
+           "collate", "version_dirname", "init_data_parallel", "data_parallel_group", "shard", "broadcast_parameters",
+           "sha256_file"]
 
 CHECKPOINT_FORMAT = 1
 
@@ -204,6 +207,23 @@ def init_data_parallel(backend: str | None = None, **kwargs) -> tuple[int, int]:
             raise RuntimeError(f"data parallel needs {missing} in the environment (launch with torchrun)")
         dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"), **kwargs)
     return dist.get_rank(), dist.get_world_size()
+
+
+@contextlib.contextmanager
+def data_parallel_group(backend: str | None = None, **kwargs) -> Iterator[tuple[int, int]]:
+    """``init_data_parallel`` for the block, then leave the group. On a clean exit every rank first waits
+    at a barrier: a rank that tears down its gloo pairs while a peer still holds them can abort that peer
+    ("terminate called without an active exception", seen on a loaded CI machine). On an error it leaves
+    at once, since a dead peer would never reach the barrier."""
+    rank, world = init_data_parallel(backend, **kwargs)
+    try:
+        yield rank, world
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    if world > 1:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def shard(batch: TrajectoryBatch, rank: int | None = None, world: int | None = None) -> TrajectoryBatch:
