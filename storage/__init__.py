@@ -39,7 +39,7 @@ from ._cursor import Cursor
 from ._log import EventLog, log_exists, parse_event_id
 from ._writer import SegmentWriter
 from .config import StorageConfig
-from .errors import CorruptionError, EventRejected, LogError, LogNotFound, WriterBusy
+from .errors import CorruptionError, DiskFull, EventRejected, LogError, LogNotFound, WriterBusy
 
 __all__ = ["EventLog", "SegmentWriter", "Cursor", "StorageConfig", "parse_event_id", "log_exists",
-           "LogError", "LogNotFound", "WriterBusy", "EventRejected", "CorruptionError"]
+           "LogError", "LogNotFound", "WriterBusy", "EventRejected", "CorruptionError", "DiskFull"]

@@ -3,12 +3,19 @@ file per segment on a log directory (``PackedStore``).
 
 A key per record relies on the store replacing keys atomically. On a directory that costs a file
 creation and a rename per commit (~0.1-0.3 ms, more than the rest of a commit); appending the record
-to one file costs one ``pwrite``. It is just as atomic for readers: each record is framed as
-``[u32 length][u32 crc32c][record]`` and readers take only whole frames before the end of the file.
-A buffered append becomes visible page by page, each page's bytes before the file size that covers
-them, so a reader sees a prefix of the file, never a torn frame inside it; a frame cut short (a
-writer killed mid-append) is simply not there yet, and the next writer cuts it off. A whole frame
-whose checksum fails is corruption, and is named as such.
+to one file costs one ``pwrite``. It is just as atomic for readers: the file starts with ``MAGIC`` and
+each record is framed as ``[u32 length][u32 crc32c(record)][u32 crc32c(the 8 bytes before)][record]``;
+readers take only whole frames before the end of the file. A buffered append becomes visible page by
+page, each page's bytes before the file size that covers them, so a reader sees a prefix of the file,
+never a torn frame inside it; a frame cut short (a writer killed mid-append) is simply not there yet,
+and the next writer cuts it off. A whole frame whose checksum fails is corruption, and is named as such.
+
+The frame header's own checksum is what tells a frame cut short from a damaged one: without it a
+flipped bit that lengthens a frame past the end of the file reads as a frame still being written, its
+commit and every later one silently vanish, and the next writer cuts them off for good (found by
+``t1-actor chaos``'s bit flips). Files written before it (no magic, ``[u32 length][u32 crc32c]``
+frames) are read and appended to in their own framing; there a length past ``MAX_RECORD`` is named
+as damage, a smaller one cannot be told from a frame in progress.
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ from ._packed import PackedStore, pwrite_all
 from .errors import CorruptionError, WriterBusy
 
 COMMIT_FILE = "commits.log"
-_FRAME = 8  # u32 length + u32 crc32c, little endian
+MAGIC = b"T1cmts\x02\n"  # the file's first bytes: frames with a header checksum (framing 2)
+FRAME_HEADER = 12  # u32 length, u32 crc32c of the record, u32 crc32c of those 8 bytes; little endian
+_OLD_FRAME = 8  # framing 1 (no magic): u32 length, u32 crc32c
+MAX_RECORD = 1 << 26  # a commit record is a few KB: a longer frame is a damaged length
 
 
 class KeyCommits:
@@ -78,7 +88,8 @@ class FileCommits:
         self.writer_id = writer_id
         self.path = os.path.join(store.root, segment_dir(writer_id), COMMIT_FILE)
         self.count = 0
-        self.offset = 0  # end of the last whole frame read
+        self.offset = 0  # end of the last whole frame read (or of the magic)
+        self.framing: int | None = None  # 2: MAGIC and header checksums; 1: the file predates them
         self._fd: int | None = None
         self._writable = False
         self._dir_synced = False
@@ -103,27 +114,47 @@ class FileCommits:
             return []
         size = os.fstat(fd).st_size
         data = os.pread(fd, size - self.offset, self.offset) if size > self.offset else b""
-        found, pos = [], 0
-        while pos + _FRAME <= len(data):
+        pos = 0
+        if self.framing is None:
+            if data[:len(MAGIC)] == MAGIC:
+                self.framing, pos = 2, len(MAGIC)
+            elif MAGIC.startswith(data):
+                return []  # empty, or the first append under way
+            else:
+                self.framing = 1
+        header = FRAME_HEADER if self.framing == 2 else _OLD_FRAME
+        found = []
+        while pos + header <= len(data):
             length = int.from_bytes(data[pos:pos + 4], "little")
-            if pos + _FRAME + length > len(data):
+            where = f"commit record {self.count + len(found)}: frame at byte {self.offset + pos} of {self.path}"
+            if self.framing == 2 and (google_crc32c.value(data[pos:pos + 8])
+                                      != int.from_bytes(data[pos + 8:pos + 12], "little")):
+                raise CorruptionError(self.writer_id, "commits", None, f"{where}: frame header checksum mismatch")
+            if length > MAX_RECORD:
+                raise CorruptionError(self.writer_id, "commits", None, f"{where}: length {length} is no commit "
+                                      "record's (a damaged frame header)")
+            if pos + header + length > len(data):
                 break  # being appended (or cut short by a killed writer): not committed yet
-            record = data[pos + _FRAME:pos + _FRAME + length]
+            record = data[pos + header:pos + header + length]
             if google_crc32c.value(record) != int.from_bytes(data[pos + 4:pos + 8], "little"):
-                raise CorruptionError(self.writer_id, "commits", None,
-                                      f"commit record {self.count + len(found)}: frame checksum mismatch "
-                                      f"at byte {self.offset + pos} of {self.path}")
+                raise CorruptionError(self.writer_id, "commits", None, f"{where}: frame checksum mismatch")
             found.append(record)
-            pos += _FRAME + length
+            pos += header + length
         self.offset += pos
         self.count += len(found)
         return found
 
     def append(self, record: bytes) -> list[str]:
         fd = self._open(True)
+        if self.offset == 0:
+            self.framing = 2  # nothing whole in the file yet: it starts (again) in the current framing
         if os.fstat(fd).st_size != self.offset:
             os.ftruncate(fd, self.offset)  # a frame a killed writer left half-written
-        frame = len(record).to_bytes(4, "little") + google_crc32c.value(record).to_bytes(4, "little") + record
+        crc = len(record).to_bytes(4, "little") + google_crc32c.value(record).to_bytes(4, "little")
+        if self.framing == 2:
+            frame = (MAGIC if self.offset == 0 else b"") + crc + google_crc32c.value(crc).to_bytes(4, "little") + record
+        else:
+            frame = crc + record
         pwrite_all(fd, frame, self.offset)
         self.offset += len(frame)
         self.count += 1

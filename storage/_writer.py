@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 import time
 from typing import Any
@@ -19,7 +21,7 @@ from ._packed import PackedStore
 from ._reader import SegmentReader
 from ._streams import ChunkStream, PackedStream
 from .config import StorageConfig
-from .errors import EventRejected, LogError
+from .errors import DiskFull, EventRejected, LogError
 
 
 class SegmentWriter:
@@ -148,6 +150,7 @@ class SegmentWriter:
                     _store.write_chunks([w for stream in self._streams.values() for w in stream.full_chunks()])
             except BaseException as exc:
                 self._broken = f"{type(exc).__name__}: {exc}"
+                self._raise_disk_full(exc, "append")
                 raise
             return f"{self.writer_id}:{header['s']}"
 
@@ -231,6 +234,7 @@ class SegmentWriter:
                     self._fsync.files(keys)
             except BaseException as exc:
                 self._broken = f"{type(exc).__name__}: {exc}"
+                self._raise_disk_full(exc, "commit")
                 raise
             for stream in self._streams.values():
                 stream.mark_committed()
@@ -238,6 +242,11 @@ class SegmentWriter:
             count = len(self._pending_headers)
             self._pending_headers = []
             return count
+
+    def _raise_disk_full(self, exc: BaseException, stage: str) -> None:
+        """A full file system as ``DiskFull`` (naming the segment and what is intact), not a bare OSError."""
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC and not isinstance(exc, DiskFull):
+            raise DiskFull(self.writer_id, stage, self._next_commit, os.strerror(errno.ENOSPC)) from exc
 
     @property
     def pending(self) -> int:

@@ -36,3 +36,20 @@ class CorruptionError(LogError):
         self.problem = problem
         where = f"segment {segment!r}, array {array!r}" + (f", chunk {chunk}" if chunk is not None else "")
         super().__init__(f"corrupt event log: {where}: {problem}")
+
+
+class DiskFull(LogError, OSError):
+    """The log's file system refused a write (ENOSPC). Nothing committed is touched: a commit record is
+    written last, and a reader ignores a cut-short frame. The writer stops (every later call is refused);
+    once there is room, a reopened writer resumes from the last commit. Names the segment and the stage
+    (``"append"``: rows or chunks; ``"commit"``: the commit's chunks or its record)."""
+
+    def __init__(self, segment: str, stage: str, commits: int, problem: str):
+        self.segment = segment
+        self.stage = stage
+        OSError.__init__(self, 28, f"event log full: segment {segment!r}, during {stage}: {problem}; the "
+                         f"{commits} commits before are intact; this writer stops: free space, then reopen "
+                         f"log.writer({segment!r}) to resume from the last commit")
+
+    def __str__(self) -> str:
+        return self.strerror

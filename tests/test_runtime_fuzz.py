@@ -3,15 +3,11 @@ dropped and counted by reason, and the actor keeps answering real requests throu
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import random
 import shutil
-import struct
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,9 +16,10 @@ import pytest
 import trio
 
 from schemas.messages import Generic, Ping, Pong
+from t1_actors.chaos._wire_faults import forged_frames  # shared with `t1-actor chaos` (its wire section)
 from t1_actors.config import load_config
 from t1_actors.runtime import DeadlineExceeded, connect
-from t1_actors.runtime.auth import MAGIC, REQUEST, Sealer
+from t1_actors.runtime.auth import REQUEST, Sealer
 from t1_actors.runtime.wire import pack_envelope
 
 KEY = "fuzz-key-0123456789abcdef"
@@ -48,46 +45,6 @@ async def wait_answering(peers, name: str, within_s: float = 120) -> None:
                 return
             except DeadlineExceeded:
                 pass
-
-
-def stale_frame(key: bytes, body: bytes) -> bytes:
-    prefix = MAGIC + REQUEST + struct.pack(">Q", time.time_ns() - 3600 * 10**9) + os.urandom(16)
-    return prefix + hmac.new(key, prefix + body, hashlib.sha256).digest() + body
-
-
-def authentic_garbage(key: bytes, rng: random.Random) -> bytes:
-    body = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 64)))
-    prefix = MAGIC + REQUEST + struct.pack(">Q", time.time_ns()) + os.urandom(16)
-    return prefix + hmac.new(key, prefix + body, hashlib.sha256).digest() + body
-
-
-def forged_frames(n: int, replay: bytes, rng: random.Random) -> list[tuple[str, bytes]]:
-    key = KEY.encode()
-    good = Sealer(key)
-    out = []
-    for i in range(n):
-        kind = i % 9
-        if kind == 0:
-            out.append(("short", os.urandom(rng.randint(0, 59))))
-        elif kind == 1:
-            out.append(("unsigned", b"X" + os.urandom(rng.randint(60, 400))))
-        elif kind == 2:  # right layout, made-up MAC
-            out.append(("bad_mac", MAGIC + b"Q" + struct.pack(">Q", time.time_ns()) + os.urandom(rng.randint(56, 300))))
-        elif kind == 3:  # sealed with another run's key
-            out.append(("bad_mac", Sealer(b"other-run-key-xxxxxxxx").seal(REQUEST, pack_envelope("x", "echo-0", Ping(), b"1"))))
-        elif kind == 4:  # a real frame with one bit flipped
-            frame = bytearray(good.seal(REQUEST, pack_envelope("x", "echo-0", Ping(), b"1")))
-            frame[rng.randrange(4, len(frame))] ^= 1 << rng.randrange(8)
-            out.append(("bad_mac" if frame[:4] == MAGIC + b"Q" else "x", bytes(frame)))
-        elif kind == 5:
-            out.append(("replayed", replay))
-        elif kind == 6:
-            out.append(("stale", stale_frame(key, pack_envelope("x", "echo-0", Ping(), b"1"))))
-        elif kind == 7:
-            out.append(("malformed", authentic_garbage(key, rng)))
-        else:
-            out.append(("misaddressed", good.seal(REQUEST, pack_envelope("x", "echo-9", Ping(), b"1"))))
-    return out
 
 
 @pytest.mark.slow
@@ -120,7 +77,7 @@ async def _fuzz(config) -> None:
         bulk.dial(config.bulk_address(spec), block=True)
 
         expected: Counter[str] = Counter()
-        frames = forged_frames(9_000, replay, rng)
+        frames = forged_frames(9_000, KEY.encode(), replay, rng)
         for start in range(0, len(frames), 500):
             contexts = []
             for reason, frame in frames[start:start + 500]:

@@ -271,12 +271,14 @@ def test_damaged_compressed_chunk_and_commit_record_are_named(tmp_path):
     sorted(_chunk_files(location, "headers"))[0].unlink()  # a lost chunk reads back as fill value: caught too
     with pytest.raises(CorruptionError, match=r"segment 'w', array 'headers', chunk 0: checksum mismatch"):
         EventLog.open(location).counts()
-    commits = location / "segments" / "w" / "commits.log"  # one frame per commit: [length][crc32c][record]
+    from storage._commits import FRAME_HEADER, MAGIC
+
+    commits = location / "segments" / "w" / "commits.log"  # MAGIC, then [length][crc32c][header crc][record]
     data = bytearray(commits.read_bytes())
-    start = 0
+    start = len(MAGIC)
     for _ in range(2):
-        start += 8 + int.from_bytes(data[start:start + 4], "little")
-    data[start + 12] ^= 0xFF  # inside commit record 2
+        start += FRAME_HEADER + int.from_bytes(data[start:start + 4], "little")
+    data[start + FRAME_HEADER + 4] ^= 0xFF  # inside commit record 2
     commits.write_bytes(bytes(data))
     with pytest.raises(CorruptionError, match=r"segment 'w', array 'commits'.*commit record 2"):
         EventLog.open(location).counts()
