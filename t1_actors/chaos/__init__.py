@@ -76,7 +76,7 @@ SECTION_KEYS = {"log": ("writer_crash_points", "torn_reads", "enospc_lost_commit
 # What must be 0 (or false) in each section, with the count that shows something was checked
 SECTION_ZEROS = {"log": (("torn_reads", "reads_checked"), ("acked_lost", "reads_checked"),
                          ("enospc_lost_committed", "enospc_committed_checked"),
-                         ("bitflips_undetected", "bitflips_tried"), ("bitflips_misnamed", "bitflips_tried")),
+                         ("bitflips_undetected_data_changed", "bitflips_tried"), ("bitflips_misnamed", "bitflips_tried")),
                  "wire": (("frames_accepted_forged", "frames_fuzzed"), ("heartbeats_missed", "pings_checked"),
                           ("actor_crashed", "pings_checked"))}
 

@@ -20,7 +20,10 @@
    refused with the reason; once the filler is gone a reopened writer resumes from the last commit.
 3. **Bit flips.** One bit flipped at a random byte of a committed file (every array's pack file,
    compressed chunk files, the commit records), then a fresh ``verify()``: each must raise
-   ``CorruptionError`` naming the segment, the array and the chunk the byte lies in.
+   ``CorruptionError`` naming the segment, the array and the chunk the byte lies in. One it misses is
+   told apart by what a reader then gets: the events as written (``bitflips_undetected`` counts both;
+   on the compressed layout a flip in the zero padding of a tail chunk, or in a codec header byte the
+   decoder ignores, changes no committed row) or changed data (``bitflips_undetected_data_changed``).
 
 Positive controls (the audit can fail): a reader that ignores commit records (it parses the header
 file up to its end) sees events never committed or torn after the same kills; the same bit flips read
@@ -314,8 +317,9 @@ def full_disk(work_dir: Path, *, seed: int, rounds: int = 6) -> dict[str, Any]:
             shutil.rmtree(location)
         return {"enospc_rounds": rounds, "enospc_committed_checked": committed_total, "enospc_lost_committed": lost,
                 "enospc_errors": dict(errors), "enospc_stages": dict(stages), "enospc_outcomes": outcomes}
-    finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
+    finally:  # lazily if a reader of this process still holds a file there: detached now, freed on close
+        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)
 
 
 # ---- bit flips -------------------------------------------------------------------------------------
@@ -397,6 +401,8 @@ def bit_flips(work_dir: Path, *, seed: int, flips: int, controls: int = 20) -> d
         EventLog.open(location, config=config).verify()  # every flip was undone
     return {"bitflips_tried": flips, "bitflips_undetected": len(undetected) + len(undetected_intact),
             "bitflips_undetected_data_changed": len(undetected), "bitflips_misnamed": len(misnamed),
+            "bitflips_undetected_by_layout": {layout: sum(w.startswith(layout + " ") for w in undetected + undetected_intact)
+                                              for layout in LAYOUTS},
             "bitflips_by_array": dict(sorted(by_array.items())),
             "bitflip_examples": (undetected + misnamed + undetected_intact)[:6],
             "checksums_off": {"tried": controls_tried, "unnoticed": controls_unnoticed}}

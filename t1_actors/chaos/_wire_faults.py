@@ -25,6 +25,7 @@ the window is accepted (both counted by ``WireTarget`` as ``legit``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import socket
@@ -35,10 +36,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import structlog
 import trio
 
 from schemas.messages import Generic, Ping
-from ..runtime import Actor, DeadlineExceeded, configure_logging, handles
+from ..runtime import Actor, DeadlineExceeded, handles
 from ..runtime.auth import MAGIC, REQUEST, Sealer
 from ..runtime.wire import pack_envelope
 
@@ -349,7 +351,11 @@ async def _attack(config, other_cfg: Path, key: bytes, frames: int, rng: random.
     from ..runtime import connect
     from ..runtime.supervisor import Supervisor
 
-    supervisor = Supervisor(config)
+    # this process's lines (the supervisor's, the good peer's) go to stderr, as JSON: stdout is the report's
+    logger = structlog.wrap_logger(structlog.PrintLogger(file=sys.stderr), processors=[
+        structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.JSONRenderer()], wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    supervisor = Supervisor(config, logger=logger.bind(actor="supervisor", role="supervisor", run_id=config.run.id))
     gaps = {"max": 0.0, "beats": 0}
 
     async def watch_heartbeats() -> None:
@@ -365,7 +371,7 @@ async def _attack(config, other_cfg: Path, key: bytes, frames: int, rng: random.
     async with trio.open_nursery() as nursery:
         await nursery.start(supervisor.run)
         try:
-            async with connect(config, "good-peer") as peers:
+            async with connect(config, "good-peer", logger=logger.bind(actor="good-peer")) as peers:
                 target = peers("wire-0")
                 first = await _counts(target)
                 pinger = _Pinger(target)
@@ -407,7 +413,6 @@ def wire_faults(work_dir: Path, *, seed: int = 0, frames: int = 10_000, say=lamb
     victim = Path(config.control_address(config.actor("wire-0"))[len("ipc://"):])
     other_cfg = _write_config(work_dir / "other-run", "another-run", secrets.token_hex(24), victim=victim)
     say(f"chaos wire: {frames} fuzzed frames, then the hostile peers")
-    configure_logging(actor="chaos", role="chaos", run_id="wire-chaos")  # the supervisor's lines: stderr
     return trio.run(_attack, config, other_cfg, key.encode(), frames, rng)
 
 
