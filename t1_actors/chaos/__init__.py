@@ -408,9 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     measured = run_sections(sections, Path(report["run_dir"]) / "faults", seed=args.seed, say=say)
     report["not_tested"] = report["not_tested"] + measured.pop("not_tested")
     report.update(measured)
-    if sections:
-        Path(report["run_dir"]).mkdir(parents=True, exist_ok=True)
-        (Path(report["run_dir"]) / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
+    Path(report["run_dir"]).mkdir(parents=True, exist_ok=True)
+    (Path(report["run_dir"]) / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
     zeros = ("trials_unaccounted", "trials_final_twice", "events_duplicated", "learner_steps_gap",
              "trajectories_consumed_twice", "trajectories_consumed_unadmitted", "versions_out_of_order",

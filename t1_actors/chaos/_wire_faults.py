@@ -235,12 +235,18 @@ async def _fuzz(config, target, key: bytes, frames: int, rng: random.Random) -> 
             "rejections_off_expectation": {"flipped_magic_or_channel": flipped, "reasons": unexpected}}
 
 
-async def _hostile(config, target, key: bytes, other_cfg: Path) -> tuple[dict[str, str], dict[str, bool]]:
+async def _hostile(config, target, key: bytes, other_cfg: Path) -> tuple[dict[str, str], dict[str, bool], list[str]]:
     spec = config.actor("wire-0")
     control_path, bulk_path = config.control_address(spec), config.bulk_address(spec)
     outcomes: dict[str, str] = {}
     good = Sealer(key)
-    alive = lambda: target.call(Ping(), deadline_s=HEARTBEAT_TIMEOUT_S)  # noqa: E731
+    unanswered: list[str] = []  # cases after which the good peer's check missed its deadline
+
+    async def alive(case: str) -> None:
+        try:
+            await target.call(Ping(), deadline_s=HEARTBEAT_TIMEOUT_S)
+        except DeadlineExceeded:
+            unanswered.append(case)
 
     def request(record, channel_key=key, sent_ns=None) -> bytes:
         body = pack_envelope("hostile", "wire-0", record, os.urandom(8))
@@ -268,7 +274,7 @@ async def _hostile(config, target, key: bytes, other_cfg: Path) -> tuple[dict[st
     frame = _ipc_message(b"\x80\x00\x00\x02" + request(Generic(op="forged")))
     sock.sendall(frame[:len(frame) // 2])
     await trio.sleep(HEARTBEAT_TIMEOUT_S + 1)
-    await alive()
+    await alive("half_frame_then_stall")
     sock.close()
     outcomes["half_frame_then_stall"] = f"stalled {HEARTBEAT_TIMEOUT_S + 1:g}s mid-frame; actor answered meanwhile"
     # a length prefix far past control_max_bytes
@@ -276,7 +282,7 @@ async def _hostile(config, target, key: bytes, other_cfg: Path) -> tuple[dict[st
     sock.sendall(_ipc_message(os.urandom(1024), claimed=1 << 40))
     closed = await trio.to_thread.run_sync(_closed_by_peer, sock, 5.0)
     sock.close()
-    await alive()
+    await alive("oversized_length_prefix")
     outcomes["oversized_length_prefix"] = "connection closed by the actor" if closed else "ignored, connection left open"
     # a bulk message stalled after 1 MiB of 8 MiB, while the good peer pushes
     stored = (await _counts(target))["stored"]
@@ -306,7 +312,7 @@ async def _hostile(config, target, key: bytes, other_cfg: Path) -> tuple[dict[st
                                                             os.urandom(8))))
         hangup.close()  # gone before the reply
     await trio.sleep(0.5)
-    await alive()
+    await alive("disconnect_mid_request")
     outcomes["disconnect_mid_frame"] = "20 connections cut 40 bytes into a frame; actor answered after"
     outcomes["disconnect_mid_request"] = "20 callers gone before the reply; actor answered after"
     # a bad handshake
@@ -315,7 +321,7 @@ async def _hostile(config, target, key: bytes, other_cfg: Path) -> tuple[dict[st
         sock.connect(control_path[len("ipc://"):])
         sock.sendall(os.urandom(64))
         sock.close()
-    await alive()
+    await alive("garbage_handshake")
     outcomes["garbage_handshake"] = "10 connections of random bytes; actor answered after"
     # clock skew beyond the freshness window, both ways; inside it (the control) accepted
     before = await _rejected(target)
@@ -340,9 +346,11 @@ async def _hostile(config, target, key: bytes, other_cfg: Path) -> tuple[dict[st
     outcomes["other_run_process"] = (f"{intruder.get('timed_out', '?')} of {intruder.get('calls', '?')} calls "
                                      f"unanswered, {intruder.get('pushes', '?')} bulk pushes; {bad_mac} frames "
                                      "rejected bad_mac")
+    for case in unanswered:
+        outcomes[case] = f"the good peer's check after it missed its deadline ({outcomes.get(case, '')})"
     controls = {"a frame sealed with the right key is handled": signed is not None,
                 "skew inside the window is accepted": all(r is not None for r in inside)}
-    return outcomes, controls
+    return outcomes, controls, unanswered
 
 
 async def _attack(config, other_cfg: Path, key: bytes, frames: int, rng: random.Random) -> dict[str, Any]:
@@ -379,7 +387,7 @@ async def _attack(config, other_cfg: Path, key: bytes, frames: int, rng: random.
                     watchers.start_soon(pinger.run)
                     watchers.start_soon(watch_heartbeats)
                     fuzz = await _fuzz(config, target, key, frames, rng)
-                    hostile, controls = await _hostile(config, target, key, other_cfg)
+                    hostile, controls, unanswered = await _hostile(config, target, key, other_cfg)
                     watchers.cancel_scope.cancel()
                 last = await _counts(target)
         finally:
@@ -391,7 +399,7 @@ async def _attack(config, other_cfg: Path, key: bytes, frames: int, rng: random.
         "frames_accepted_forged": max(fuzz["frames_not_rejected"], last["handled"].get("forged", 0)),
         "forged_handled_by_actor": last["handled"].get("forged", 0),
         "hostile_peers": hostile,
-        "heartbeats_missed": pinger.missed, "pings_checked": pinger.sent,
+        "heartbeats_missed": pinger.missed + len(unanswered), "pings_checked": pinger.sent + 4,  # + the 4 checks
         "ping_worst_s": round(pinger.worst_s, 3), "ping_deadline_s": HEARTBEAT_TIMEOUT_S,
         "supervisor_heartbeats_seen": gaps["beats"], "supervisor_heartbeat_max_gap_s": round(gaps["max"], 2),
         "supervisor_unreachable_or_restarted": sum(1 for e in lifecycle if e.state in ("unreachable", "restarted")),
