@@ -30,7 +30,8 @@ its payloads (one per chunk a payload touches), so a mismatch names segment, arr
 On a LocalStore an flock enforces one live writer per segment. By default commits survive a killed
 process, not a power cut; ``StorageConfig(fsync=True)`` fsyncs data and commit records on a
 directory. Errors: ``EventRejected`` (bad event, log unchanged), ``CorruptionError`` (.segment,
-.array, .chunk), ``WriterBusy``, ``LogNotFound``, all ``LogError``. Readers keep a small index per
+.array, .chunk), ``WriterBusy``, ``LogNotFound``, ``DiskFull`` (ENOSPC: the writer stops, what
+is committed is intact), all ``LogError``. Readers keep a small index per
 event (time, kind, trial id) and decode headers and payloads on demand; consecutive events are read
 together (one read per array, up to ``read_block_bytes``) and their arrays share that block.
 """
