@@ -40,6 +40,7 @@ SAY_GOAL = 'echo GOAL""_REACHED'  # ...spelled so that the command's text never 
 PIDS_MAX = 64
 MEMORY_MB = 64
 FILE_SIZE_MB = 8
+DISK_MB = 2 * FILE_SIZE_MB  # the attacker's disk (the sandbox's own default is 4096 MB: the mechanism is the same)
 MAX_OUTPUT = 64 << 10
 COMMAND_TIMEOUT_S = 10.0
 SPIN_TIMEOUT_S = 2.0
@@ -284,8 +285,8 @@ CASES: list[_Case] = [
                         "print('GOAL' + '_REACHED')"), _said, timeout_s=SPIN_TIMEOUT_S),
     _Case("output_flood", f"deliver 1 GB of output to the caller (the cap is {MAX_OUTPUT} bytes a stream)",
           lambda t: f"head -c {FLOOD_BYTES} /dev/zero", lambda t, out, raw: raw > MAX_OUTPUT),
-    _Case("disk_fill", f"write {4 * FILE_SIZE_MB} MB across files (one file's cap is {FILE_SIZE_MB} MB; no "
-          "trial may fill the host's disk)",
+    _Case("disk_fill", f"write {4 * FILE_SIZE_MB} MB across files (one file's cap is {FILE_SIZE_MB} MB, the "
+          f"trial's disk {DISK_MB} MB; no trial may fill the host's disk)",
           lambda t: f"for i in $(seq 16); do head -c {FILE_SIZE_MB // 2}M /dev/zero > $W/fill$i || break; done; "
                     "du -sm $W | cut -f1", _count_at_least(4 * FILE_SIZE_MB)),
     _Case("mount", "mount a tmpfs",
@@ -301,7 +302,7 @@ CASES: list[_Case] = [
                         f"else: print(os.strerror(ctypes.get_errno()))"), _said),
     _Case("unshare_mount_namespace", "make a mount namespace (CAP_SYS_ADMIN over the host's user namespace) "
           "and mount in it",
-          lambda t: f"mkdir -p $W/m && unshare -m sh -c 'mount -t tmpfs none $W/m && echo GOAL\"\"_REACHED'; true",
+          lambda t: "mkdir -p $W/m && unshare -m sh -c 'mount -t tmpfs none $W/m && echo GOAL\"\"_REACHED'; true",
           _said),
     _Case("setuid_file_capabilities", "regain CAP_SYS_ADMIN by exec'ing a copy of python3 given it as a file "
           "capability (and setuid root)",
@@ -358,6 +359,8 @@ def _unconfined(command: str, workdir: Path, timeout_s: float) -> tuple[int, byt
 
 
 def _describe(result) -> str:
+    if "No space left on device" in result.stdout + result.stderr:
+        return "refused: the trial's disk is full (ENOSPC)"
     if result.killed_by:
         return f"killed by {result.killed_by}"
     if result.stdout_truncated or result.stderr_truncated:
@@ -367,8 +370,10 @@ def _describe(result) -> str:
     return "ran; goal not reached"
 
 
-def run_hostile(directory: Path | None = None, *, say=lambda line: None) -> dict[str, Any]:
-    """Run every case in a sandbox and unconfined; returns the report's section (see the module docstring)."""
+def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: list[str] | None = None,
+                disk_mb: int = DISK_MB) -> dict[str, Any]:
+    """Run every case (or those named in ``cases``) in a sandbox and unconfined; returns the report's section
+    (see the module docstring). ``disk_mb``: the attacker's per-trial disk (0: none, as before it existed)."""
     from ..backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
     from ..tasks.model import Limits, Task
     from ..tasks.model import Tests as TaskTests
@@ -413,7 +418,7 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None) -> dict
             not_tested.append({"key": "sandbox:network_outside",
                                "reason": f"no outside address could be made here (a netns and a veth pair): {exc}"})
         backend = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(directory / "sandbox"), pids_max=PIDS_MAX,
-                                                         file_size_mb=FILE_SIZE_MB))
+                                                         file_size_mb=FILE_SIZE_MB, disk_mb=disk_mb))
         verifier = Verifier(VerifierConfig(base_dir=str(directory / "verifier"), memory_mb=512))
         bystander = backend.open(task, "bystander")
         bystander_token = f"bystander-{token}"
@@ -424,7 +429,7 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None) -> dict
                            backend.trials_dir, listeners[0], listeners[1], listeners[2], outside,
                            (os.major(dev), os.minor(dev)))
         for case in CASES:
-            if case.name == "network_outside" and outside is None:
+            if (case.name == "network_outside" and outside is None) or (cases is not None and case.name not in cases):
                 continue
             reports.append(_run_case(case, targets, backend, task, bystander, verifier, say))
         bystander.close()
@@ -459,6 +464,8 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None) -> dict
                                    "evidence": r.evidence, "bystander_ok": r.bystander_ok,
                                    "attacker_serving": r.attacker_serving,
                                    "sandbox": asdict(r.sandbox), "control": asdict(r.control)} for r in reports},
+        "sandbox_limits": {"pids_max": PIDS_MAX, "memory_mb": MEMORY_MB, "file_size_mb": FILE_SIZE_MB,
+                           "disk_mb": disk_mb, "max_output_bytes": MAX_OUTPUT, "command_timeout_s": COMMAND_TIMEOUT_S},
         "sandbox_positive_controls": {"tried": len(reports), "succeeded": len(evidence)},
         "sandbox_not_tested": not_tested,
     }
