@@ -358,13 +358,22 @@ def _unconfined(command: str, workdir: Path, timeout_s: float) -> tuple[int, byt
     return code, bytes(kept), total, time.monotonic() - start
 
 
-def _describe(result) -> str:
-    if "No space left on device" in result.stdout + result.stderr:
-        return "refused: the trial's disk is full (ENOSPC)"
+# what the attacker's command was told, most telling first: the outcome of a case that ran to its end
+_ERRORS = [("No space left on device", "refused: the trial's disk is full (ENOSPC)"),
+           ("Operation not permitted", "refused (EPERM)"), ("Permission denied", "refused (EACCES)"),
+           ("Network is unreachable", "refused (ENETUNREACH)"), ("Connection refused", "refused (ECONNREFUSED)"),
+           ("No such process", "not visible (ESRCH)"), ("No such file or directory", "not visible (ENOENT)"),
+           ("Directory nonexistent", "not visible (ENOENT)")]
+
+
+def _describe(result, seen: str) -> str:
     if result.killed_by:
         return f"killed by {result.killed_by}"
     if result.stdout_truncated or result.stderr_truncated:
         return "truncated"
+    for message, outcome in _ERRORS:
+        if message.lower() in seen.lower():
+            return outcome
     if result.exit_code != 0:
         return "refused (exit %d)" % result.exit_code
     return "ran; goal not reached"
@@ -491,7 +500,7 @@ def _run_case(case: _Case, t: _Targets, backend, task, bystander, verifier, say)
                                  case.reached(t, seen, raw), round(time.monotonic() - started, 2),
                                  lines[-1][:200] if lines else "")
         report.attacker_serving = trial.exec("echo alive", timeout_s=10).stdout == "alive\n"
-        report.outcome = _describe(result) if not report.sandbox.goal_reached else "goal reached"
+        report.outcome = _describe(result, seen) if not report.sandbox.goal_reached else "goal reached"
         if case.naive is not None:  # the control: the same plant, a naive host step
             _reset_targets(t)
             trial.exec(f"export W=/tmp/w; mkdir -p $W; {command}", timeout_s=case.timeout_s)
