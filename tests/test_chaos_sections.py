@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,57 @@ def test_every_tamper_is_flagged_p_unchanged_and_fools_the_naive_verifier(tamper
     assert {"campaign", *SECTION_KEYS["sandbox"]} <= untested  # not selected: named, never a figure
     assert not set(SECTION_KEYS["sandbox"]) & set(report)
     assert json.loads((run_dir / "chaos.json").read_text()) == report
+
+
+_CLIENT = """
+import json, sys, threading, time
+from t1_actors.backends.local_sandbox import TrialRoot
+from t1_actors.tasks.model import Task
+from t1_actors.verification import Verifier, VerifierConfig
+task = Task.model_validate_json(sys.argv[1])
+verifier = Verifier(VerifierConfig(base_dir=sys.argv[3]))
+for trial in json.loads(sys.argv[2]):
+    threading.Thread(target=verifier.verify, args=(task, TrialRoot.from_json(trial)), daemon=True).start()
+while verifier._server is None:
+    time.sleep(0.05)
+print(verifier._server.proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_verify_server_whose_client_is_killed_mid_verification_leaves_no_cgroup(tmp_path):
+    """Found by the chaos campaign (a verifier killed with verifications in flight left their cgroups): the
+    server's first reply into the dead client's pipe raised BrokenPipeError and it exited before the jobs
+    still running were reaped. Now it kills and reaps them, and removes every cgroup."""
+    task = Task(id="slow", family="test", instruction="x", limits=Limits(verifier_timeout_s=60),
+                tests=TaskTests(files={"test_s.py": "import time\n\ndef test_s():\n    time.sleep(4)\n"}))
+    backend = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(tmp_path / "sb")))
+    trials = [backend.open(task, f"slow-{i}") for i in range(3)]
+    client = subprocess.Popen([sys.executable, "-c", _CLIENT, task.model_dump_json(),
+                               json.dumps([t.trial_root.to_json() for t in trials]), str(tmp_path / "verifier")],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        server = int(client.stdout.readline())
+
+        def cgroups_of_server() -> list[str]:
+            return [p.name for controller in ("memory", "pids", "unified")
+                    if (cgroups.ROOT / controller / "t1-sandbox").is_dir()
+                    for p in (cgroups.ROOT / controller / "t1-sandbox").iterdir()
+                    if p.name.startswith(f"verify-{server}-")]
+
+        deadline = time.monotonic() + 60
+        while len({name for name in cgroups_of_server()}) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(set(cgroups_of_server())) == 3  # three verifications in flight
+        client.kill()
+        client.wait()
+        while Path(f"/proc/{server}").exists() and time.monotonic() < deadline + 60:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{server}").exists(), "the verify server outlived its client by a minute"
+        assert cgroups_of_server() == []
+    finally:
+        if client.poll() is None:
+            client.kill()
+        for trial in trials:
+            trial.close()
+        backend.close()
