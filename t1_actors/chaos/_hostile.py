@@ -67,7 +67,7 @@ class CaseReport:
     goal: str
     sandbox: Outcome = field(default_factory=Outcome)
     control: Outcome = field(default_factory=Outcome)
-    bystander_ok: bool = True
+    bystander_ok: bool = True  # the bystander trial still reads its secret (symlink cases: and the verifier held)
     attacker_serving: bool = True
     escaped: bool = False
     evidence: bool = False  # the control reached the goal: the case can fail
