@@ -1,6 +1,7 @@
 """`t1-actor chaos`: a campaign under fault injection, then the audit of its log and a look for leftovers.
 
     t1-actor chaos --config configs/tiny.toml [--quick] [--kills N] [--pauses P] [--seed S] [--run-dir RUN] [--json]
+    t1-actor chaos --only sandbox,tamper [--json]      (the hostile-command and tampering suites alone)
 
 1. the campaign runs as ``t1-actor launch`` does (a child process), from the config with the chaos overrides
    (``CHAOS_OVERRIDES``: a shorter heartbeat timeout, so a pause is noticed, and a restart limit high enough
@@ -16,6 +17,10 @@
 4. one JSON report (stdout, and RUN/chaos.json). Every count that must be 0 comes with what was checked;
    what issue 23 asks for and this command does not measure is listed in ``not_tested`` with the reason,
    never reported as 0.
+
+5. the sections beside the campaign (``--only`` picks any of campaign, sandbox, tamper; all by default):
+   hostile commands in the sandbox (``_hostile.py``) and verifier tampering (``_tamper.py``), each case with
+   its positive control (unconfined, or against a naive verifier), counted in ``positive_controls``.
 
 A fault planned for a phase the campaign left before its turn came is injected in the next phase (the
 report lists each fault's planned and actual phase); one never injected is counted in ``faults_missed``.
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ._leftovers import Orphans, _alive, _start_time, _tree, find_orphans, leftovers  # noqa: F401  (_start_time: tests)
+from ._sections import SECTIONS, run_sections, sections_clean
 
 ROLES = ("sampler", "sandbox", "verifier", "critic", "learner", "staleness")
 PHASES = ("eval", "warm-up", "RL", "final eval")
@@ -60,13 +66,8 @@ NOT_TESTED = {
     "frames_fuzzed": "not run by this command: tests/test_runtime_fuzz.py fuzzes frames; the stalling, "
                      "half-frame and other-run peers are not built yet (issue 23 part 3)",
     "frames_accepted_forged": "not run by this command (issue 23 part 3)",
-    "sandbox_escapes_tried": "not built yet: the hostile-command suite (issue 23 part 4)",
-    "sandbox_escapes_succeeded": "not built yet: the hostile-command suite (issue 23 part 4)",
-    "tamper_tried": "not built yet: the verifier-tampering suite (issue 23 part 5)",
-    "tamper_undetected": "not built yet: the verifier-tampering suite (issue 23 part 5)",
     "audit_mutations": "not run by this command: tests/test_replay_audit.py feeds the audit doctored logs "
                        "(a final state removed, an event duplicated, a step skipped, a weights file changed)",
-    "positive_controls": "not built yet: they belong to the hostile-command and tampering suites (parts 4, 5)",
 }
 
 
@@ -329,7 +330,9 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="t1-actor chaos", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, type=Path, help="a campaign config (configs/tiny.toml)")
+    parser.add_argument("--config", type=Path, help="a campaign config (configs/tiny.toml); the campaign needs it")
+    parser.add_argument("--only", default=",".join(SECTIONS), metavar="LIST",
+                        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="apply the config's [quick.*] overrides")
     parser.add_argument("--kills", type=int, default=4, metavar="N", help="SIGKILLs per role (default 4)")
     parser.add_argument("--pauses", type=int, default=2, metavar="P",
@@ -341,16 +344,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.kills < 0 or args.pauses < 0:
         parser.error("--kills and --pauses count faults: 0 or more")
+    selected = [part.strip() for part in args.only.split(",") if part.strip()]
+    if not selected or set(selected) - set(SECTIONS):
+        parser.error(f"--only takes a comma-separated list of {', '.join(SECTIONS)}")
+    if "campaign" in selected and args.config is None:
+        parser.error("the campaign needs --config (or pass --only sandbox,tamper)")
     say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    try:
-        report = run_chaos(args.config, quick=args.quick, kills=args.kills, pauses=args.pauses, seed=args.seed,
-                           run_dir=args.run_dir, timeout_s=args.timeout_s, say=say)
-    except (FileExistsError, RuntimeError) as error:
-        print(f"t1-actor chaos: {error}", file=sys.stderr)
-        return 2
+    clean = True
+    if "campaign" in selected:
+        try:
+            report = run_chaos(args.config, quick=args.quick, kills=args.kills, pauses=args.pauses, seed=args.seed,
+                               run_dir=args.run_dir, timeout_s=args.timeout_s, say=say)
+        except (FileExistsError, RuntimeError) as error:
+            print(f"t1-actor chaos: {error}", file=sys.stderr)
+            return 2
+        zeros = ("trials_unaccounted", "trials_final_twice", "events_duplicated", "learner_steps_gap",
+                 "trajectories_consumed_twice", "trajectories_consumed_unadmitted", "versions_out_of_order",
+                 "weights_mismatched", "orphans")
+        clean = report["campaign_completed"] and all(report[k] == 0 for k in zeros) and report["events_checked"] > 0
+        run_dir = Path(report["run_dir"])
+    else:
+        from ..job.summary import code_version
+
+        report = {"commit": code_version(), "not_tested": [{"key": "campaign", "reason": "not selected (--only)"}]}
+        run_dir = args.run_dir.resolve() if args.run_dir is not None else None
+    report["sections"] = selected
+    part = run_sections(selected, run_dir / "hostile" if run_dir is not None else None, say=say)
+    report["not_tested"] = report["not_tested"] + part.pop("sections_not_tested")
+    report.update(part)
+    clean = clean and sections_clean(report, selected)
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
-    zeros = ("trials_unaccounted", "trials_final_twice", "events_duplicated", "learner_steps_gap",
-             "trajectories_consumed_twice", "trajectories_consumed_unadmitted", "versions_out_of_order",
-             "weights_mismatched", "orphans")
-    clean = report["campaign_completed"] and all(report[k] == 0 for k in zeros) and report["events_checked"] > 0
     return 0 if clean else 1
