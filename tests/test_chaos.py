@@ -61,6 +61,24 @@ def test_the_orphan_check_finds_a_live_process_a_trial_root_and_ignores_other_ru
     assert find_orphans(seen, ["run-a-train-000001"], tmp_path / "run", sandbox).left == []
 
 
+def test_the_watch_follows_each_role_to_its_restarted_process(tmp_path):
+    """A role is hit again after its restart: the watch takes the supervisor's "restarted" as the role's new
+    process, whatever its reason (matching it by reason once let every second fault of a role go missed)."""
+    from schemas import ActorLifecycle
+    from t1_actors.chaos import _Watch
+
+    log = EventLog.open(tmp_path / "log", create=True)
+    with log.writer("supervisor") as writer:
+        for state, reason, pid in (("started", "process spawned", 101), ("started", "serving", 101),
+                                   ("died", "killed by SIGKILL", 101), ("restarted", "", 202),
+                                   ("started", "serving", 202)):
+            writer.append(ActorLifecycle(actor="staleness-0", role="staleness", state=state, reason=reason, pid=pid))
+        writer.commit()
+    watch = _Watch(tmp_path / "log")
+    watch.poll()
+    assert watch.spawned == {"staleness": 202} and set(watch.serving) == {101, 202}
+
+
 @pytest.fixture(scope="module")
 def chaos_run(tmp_path_factory):
     from test_campaign import _micro_config
@@ -86,7 +104,7 @@ def test_every_role_killed_and_the_campaign_completes_with_everything_accounted_
     # injected: it is counted in faults_missed, and only there; every other fault hit its role.
     missed = [f for f in report["faults"] if f["at_s"] is None]
     assert report["faults_missed"] == len(missed) and all(f["pid"] is None for f in missed), missed
-    assert len(missed) <= 3, missed  # the micro campaign's RL and final eval last seconds; most faults land
+    assert len(missed) <= 1, missed  # the micro campaign's final eval lasts seconds: its last fault may miss
     assert report["kills"] == {role: 1 - sum(f["role"] == role and f["kind"] == "kill" for f in missed)
                                for role in ROLES}, report["faults"]
     assert sum(report["pauses"].values()) == 1 - sum(f["kind"] == "pause" for f in missed)

@@ -154,7 +154,10 @@ class _Watch:
                 return
         for _, event in self.cursor.poll():
             if event.kind == "actor_lifecycle":
-                if event.state in ("started", "restarted") and event.reason == "process spawned":
+                # the supervisor's spawn: "started" (reason "process spawned"; the actor's own "started" says
+                # "serving") or "restarted" (any reason). Matching a restart by its reason missed every
+                # restarted process once the supervisor stopped writing one: no role could be hit twice.
+                if event.state == "restarted" or (event.state == "started" and event.reason == "process spawned"):
                     self.spawned[event.role] = event.pid
                 elif event.state == "started" and event.reason == "serving":
                     self.serving.setdefault(event.pid, time.monotonic())
