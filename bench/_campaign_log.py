@@ -54,7 +54,8 @@ def rl_figures(log, steps: int) -> dict:
             "trials_issued": issued, "trajectories_per_s": round(trajectories / seconds, 4),
             "steps_per_s": round(len(learned) / seconds, 5),
             "steps_per_minute": round(60 * len(learned) / seconds, 2),
-            "trajectories_per_minute": round(60 * trajectories / seconds, 2)}
+            "trajectories_per_minute": round(60 * trajectories / seconds, 2),
+            "learner_step_s": round(sum(e.metrics.get("step_seconds", 0.0) for e in learned) / max(len(learned), 1), 2)}
 
 
 def part_intervals(log) -> dict[str, list[tuple[float, float]]]:

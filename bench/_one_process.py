@@ -83,6 +83,7 @@ async def run_one_process(config, sft_run: Path, steps: int) -> dict:
                             stop_ids=(special_token_ids(tokenizer)["<|im_end|>"],))
     rl_ids = [t.id for t in tasks.rl]
     published_at: list[float] = []
+    step_seconds: list[float] = []
     stats = BatchStats()
     try:
         async with TorchSampler.open(MoEPolicy.load(weights_dir(sft_run, 0)), config=sampler_config) as sampler:
@@ -112,7 +113,8 @@ async def run_one_process(config, sft_run: Path, steps: int) -> dict:
                                     require_routing=learner_config.replay)
                     if critic is None:  # rloo: A needs no critic values
                         batch = batch.with_old_values(torch.zeros(batch.token_ids.shape))
-                    await trio.to_thread.run_sync(learner.step, batch)
+                    result = await trio.to_thread.run_sync(learner.step, batch)
+                    step_seconds.append(result.metrics["step_seconds"])
                     published = await trio.to_thread.run_sync(learner.publish, weights_root)
                     published_at.append(time.time())
                     ports.version = published.version  # what the controller learns from WeightsPublished
@@ -142,4 +144,5 @@ async def run_one_process(config, sft_run: Path, steps: int) -> dict:
             "trials_issued": sum(t <= end for t in ports.train_issues), "trajectories_per_s": round(trajectories / seconds, 4),
             "steps_per_s": round(steps / seconds, 5), "steps_per_minute": round(60 * steps / seconds, 2),
             "trajectories_per_minute": round(60 * trajectories / seconds, 2),
+            "learner_step_s": round(sum(step_seconds[:steps]) / steps, 2),
             "admitted": stats.admitted, "dropped": stats.dropped, "cancelled": stats.cancelled}
