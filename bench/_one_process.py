@@ -9,7 +9,7 @@ learner does) and the sampler loading each new version between generations. The 
 the campaign's warm-up trials, as the campaign's does. Threads as in the campaign: one torch thread per
 engine (the sampler's, the learner's), the sandbox and verifier in their own processes.
 
-``run_one_process`` returns the RL window's figures as ``_campaign_log.rl_figures`` computes them for the
+``run_one_process`` returns the RL window's figures as ``tools.time_shares.rl_figures`` computes them for the
 campaign: the first training trial's issue to the publication of version ``steps``.
 """
 

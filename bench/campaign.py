@@ -19,7 +19,7 @@ process plays none). Last line: one JSON object with both sides' ``trajectories_
 ``steps_per_s`` (and per minute), ``actor_system_ratio`` (six processes / one process, trajectories per
 second; goal >= 0.9), and where the campaign's RL wall time went, from its log's own timestamps:
 ``time_shares`` (exclusive, summing to 1 with ``waiting``) and ``busy_shares`` (each part's own; see
-bench/_campaign_log.py).
+tools/time_shares.py).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def campaign_side(run_dir: Path, steps: int) -> dict:
     """The campaign's RL figures and time shares, from its log alone."""
     from storage import EventLog
 
-    from bench._campaign_log import rl_figures, rl_window, time_shares
+    from tools.time_shares import rl_figures, rl_window, time_shares
 
     log = EventLog.open(run_dir / "log")
     return {**rl_figures(log, steps), **time_shares(log, rl_window(log, steps))}

@@ -21,7 +21,7 @@ from storage import EventLog
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._campaign_log import PARTS, rl_figures, rl_window, time_shares  # noqa: E402
+from tools.time_shares import PARTS, rl_figures, rl_window, time_shares  # noqa: E402
 
 PAUSE = 0.03
 

@@ -163,3 +163,50 @@ def time_shares(log, window: tuple[float, float]) -> dict:
         taken = _union(taken + alone, lo, hi)
     shares["waiting"] = round(max(0.0, 1.0 - _length(taken) / wall), 4)
     return {"time_shares": shares, "busy_shares": busy}
+
+
+def last_version(log) -> int:
+    """The newest published policy version (0: the SFT policy only, no RL step yet)."""
+    return max((e.version for _, e in log.events(kinds=["weights_published"])), default=0)
+
+
+def plot_time_shares(log, out_dir) -> "Path | None":
+    """``time_shares.png``: where the RL phase's wall time went (the whole phase: the first training trial
+    to the last published version), exclusive shares as one bar, each part's own busy share beside it.
+    None when the log has no RL step."""
+    from pathlib import Path
+
+    steps = last_version(log)
+    if steps < 1:
+        return None
+    try:
+        window = rl_window(log, steps)
+    except ValueError:
+        return None
+    shares = time_shares(log, window)
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    start = 0.0
+    for part, share in shares["time_shares"].items():
+        left.barh([0], [share], left=[start], label=f"{part} {share:.0%}")
+        start += share
+    left.set_xlim(0, 1)
+    left.set_yticks([])
+    left.set_xlabel(f"share of the RL phase's {window[1] - window[0]:.0f} s ({steps} steps), each instant to the "
+                    "first running part")
+    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=8)
+    busy = shares["busy_shares"]
+    right.barh(list(busy), list(busy.values()))
+    right.set_xlim(0, 1)
+    right.invert_yaxis()
+    right.set_xlabel("each part's own busy share (overlapping)")
+    fig.suptitle("where the RL phase's wall time goes (from the log's timestamps)")
+    fig.tight_layout()
+    path = Path(out_dir) / "time_shares.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
