@@ -32,13 +32,16 @@ PARTS = ("learner step", "critic", "sampling", "sandbox exec", "verification", "
 
 def rl_window(log, steps: int) -> tuple[float, float]:
     """(start, end) in Unix seconds: the first training trial's issue to policy version ``steps``'s
-    publication. ValueError if the log has no training trial or fewer published versions."""
+    publication. ValueError if the log has no training trial, fewer published versions, or that version
+    before the first training trial."""
     times = dict(log.append_times(kinds=["trial_issued", "weights_published"]))
     starts = [times[i] for i, e in log.events(kinds=["trial_issued"]) if e.split == "train"]
     ends = [times[i] for i, e in log.events(kinds=["weights_published"]) if e.version == steps]
     if not starts or not ends:
         raise ValueError(f"the log has {len(starts)} training trials and no policy version {steps}: "
                          "the RL phase did not reach its step budget")
+    if min(ends) <= min(starts):
+        raise ValueError(f"policy version {steps} was published before the first training trial: no RL window")
     return min(starts), min(ends)
 
 
