@@ -16,6 +16,7 @@ campaign: the first training trial's issue to the publication of version ``steps
 from __future__ import annotations
 
 import itertools
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +25,8 @@ import trio
 
 from schemas import StalenessDecision, TrajectoryAssembled, TrialIssued
 from t1_actors.rollout.inprocess import InProcessPorts
+
+from bench._cpu import spent, tree_cpu
 
 
 class _LearningPorts(InProcessPorts):
@@ -35,6 +38,7 @@ class _LearningPorts(InProcessPorts):
         self.admitted: list[str] = []
         self.changed = trio.Event()
         self.train_issues: list[float] = []
+        self.cpu_at_start: dict[str, float] = {}
 
     async def log(self, *events):
         await super().log(*events)
@@ -46,6 +50,8 @@ class _LearningPorts(InProcessPorts):
                 self.changed.set()
                 self.changed = trio.Event()
             elif isinstance(event, TrialIssued) and event.split == "train":
+                if not self.train_issues:
+                    self.cpu_at_start = tree_cpu(os.getpid())
                 self.train_issues.append(time.time())
 
 
@@ -84,6 +90,7 @@ async def run_one_process(config, sft_run: Path, steps: int) -> dict:
     rl_ids = [t.id for t in tasks.rl]
     published_at: list[float] = []
     step_seconds: list[float] = []
+    cpu_at_end: dict[str, float] = {}
     stats = BatchStats()
     try:
         async with TorchSampler.open(MoEPolicy.load(weights_dir(sft_run, 0)), config=sampler_config) as sampler:
@@ -117,6 +124,8 @@ async def run_one_process(config, sft_run: Path, steps: int) -> dict:
                     step_seconds.append(result.metrics["step_seconds"])
                     published = await trio.to_thread.run_sync(learner.publish, weights_root)
                     published_at.append(time.time())
+                    if len(published_at) == steps:
+                        cpu_at_end.update(tree_cpu(os.getpid()))
                     ports.version = published.version  # what the controller learns from WeightsPublished
                     version_changed.set()
                     version_changed = trio.Event()
@@ -145,4 +154,5 @@ async def run_one_process(config, sft_run: Path, steps: int) -> dict:
             "steps_per_s": round(steps / seconds, 5), "steps_per_minute": round(60 * steps / seconds, 2),
             "trajectories_per_minute": round(60 * trajectories / seconds, 2),
             "learner_step_s": round(sum(step_seconds[:steps]) / steps, 2),
+            "cpu_s": spent(ports.cpu_at_start, cpu_at_end),
             "admitted": stats.admitted, "dropped": stats.dropped, "cancelled": stats.cancelled}

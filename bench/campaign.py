@@ -17,7 +17,9 @@ engines and threads. Budgets are steps, not seconds.
 The evals are not timed (the campaign's protocol runs on a small split around its RL phase; the one
 process plays none). Last line: one JSON object with both sides' ``trajectories_per_s`` and
 ``steps_per_s`` (and per minute), ``actor_system_ratio`` (six processes / one process, trajectories per
-second; goal >= 0.9), and where the campaign's RL wall time went, from its log's own timestamps:
+second; goal >= 0.9), ``cpu_s`` of each side's process tree over its RL window (by actor role for the
+campaign: bench/_cpu.py) and ``cpu_s_per_trajectory``, and where the campaign's RL wall time went, from
+its log's own timestamps:
 ``time_shares`` (exclusive, summing to 1 with ``waiting``) and ``busy_shares`` (each part's own; see
 tools/time_shares.py).
 """
@@ -129,13 +131,45 @@ def to_toml(data: dict) -> str:
     return "\n".join(lines)
 
 
-def run_campaign(config_path: Path, run_dir: Path, timeout_s: float) -> dict:
-    """``t1-actor launch`` on the config; returns its exit code and output tail."""
+def run_campaign(config_path: Path, run_dir: Path, steps: int, timeout_s: float) -> dict:
+    """``t1-actor launch`` on the config, its process tree's CPU seconds snapshotted when the log shows
+    the first training trial and policy version ``steps`` (polled every half second); returns its exit
+    code, output tail and the CPU the RL window took, by role."""
+    from storage import EventLog
+
+    from bench._cpu import spent, tree_cpu
+
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "t1_actors.cli", "launch", "--config", str(config_path),
-                           "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
-    return {"code": done.returncode, "seconds": round(time.monotonic() - started, 1),
-            "tail": (done.stdout + done.stderr)[-3000:]}
+    output = open(run_dir.parent / "campaign.out", "w+")
+    process = subprocess.Popen([sys.executable, "-m", "t1_actors.cli", "launch", "--config", str(config_path),
+                                "--run-dir", str(run_dir)], cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
+    snapshots: list[dict] = []
+    cursor = None
+    try:
+        while process.poll() is None and time.monotonic() - started < timeout_s:
+            time.sleep(0.5)
+            if len(snapshots) == 2:
+                continue
+            if cursor is None:
+                try:
+                    cursor = EventLog.open(run_dir / "log").cursor(kinds=["trial_issued", "weights_published"])
+                except Exception:  # noqa: BLE001 - no log yet
+                    continue
+            for _, event in cursor.poll():
+                if not snapshots and event.kind == "trial_issued" and event.split == "train":
+                    snapshots.append(tree_cpu(process.pid))
+                elif len(snapshots) == 1 and event.kind == "weights_published" and event.version == steps:
+                    snapshots.append(tree_cpu(process.pid))
+                    break
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+    finally:
+        output.seek(0)
+        tail = output.read()[-3000:]
+        output.close()
+    return {"code": process.returncode, "seconds": round(time.monotonic() - started, 1), "tail": tail,
+            "cpu_s": spent(*snapshots) if len(snapshots) == 2 else None}
 
 
 def campaign_side(run_dir: Path, steps: int) -> dict:
@@ -192,9 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         config_path = work / "bench-config.toml"
         config_path.write_text(to_toml(config.to_jsonable()))
 
-        launched = run_campaign(config_path, work / "campaign", args.timeout)
+        launched = run_campaign(config_path, work / "campaign", args.steps, args.timeout)
         try:
             six = campaign_side(work / "campaign", args.steps)
+            six["cpu_s"] = launched["cpu_s"]
         except (OSError, ValueError) as error:
             six = None
             result["six_processes_error"] = f"{error}; launch exit {launched['code']}: {launched['tail'][-1500:]}"
@@ -203,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         result["one_process"] = one
         result["actor_system_ratio"] = ratio(six, one, "trajectories_per_s")
         result["steps_ratio"] = ratio(six, one, "steps_per_s")
+        result["cpu_s_per_trajectory"] = {side: figures and figures.get("cpu_s") and round(
+            figures["cpu_s"]["total"] / figures["trajectories"], 3) for side, figures in (("six_processes", six),
+                                                                                    ("one_process", one))}
         result["time_shares"] = six and six["time_shares"]
         result["busy_shares"] = six and six["busy_shares"]
         result["goal"] = GOAL
