@@ -150,7 +150,8 @@ async def run_one_process(config, sft_run: Path, steps: int) -> dict:
     seconds = end - start
     trajectories = steps * staleness.batch_size
     return {"rl_seconds": round(seconds, 2), "steps": steps, "trajectories": trajectories,
-            "trials_issued": sum(t <= end for t in ports.train_issues), "trajectories_per_s": round(trajectories / seconds, 4),
+            "trials_issued": sum(t <= end for t in ports.train_issues),
+            "trajectories_per_s": round(trajectories / seconds, 4),
             "steps_per_s": round(steps / seconds, 5), "steps_per_minute": round(60 * steps / seconds, 2),
             "trajectories_per_minute": round(60 * trajectories / seconds, 2),
             "learner_step_s": round(sum(step_seconds[:steps]) / steps, 2),

@@ -26,6 +26,7 @@ instant, as intervals read from the log:
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 PARTS = ("learner step", "critic", "sampling", "sandbox exec", "verification", "the log")
 
@@ -173,12 +174,10 @@ def last_version(log) -> int:
     return max((e.version for _, e in log.events(kinds=["weights_published"])), default=0)
 
 
-def plot_time_shares(log, out_dir) -> "Path | None":
+def plot_time_shares(log, out_dir) -> Path | None:
     """``time_shares.png``: where the RL phase's wall time went (the whole phase: the first training trial
     to the last published version), exclusive shares as one bar, each part's own busy share beside it.
     None when the log has no RL step."""
-    from pathlib import Path
-
     steps = last_version(log)
     if steps < 1:
         return None
