@@ -54,7 +54,7 @@ from t1_actors.runtime.auth import REQUEST, Sealer  # noqa: E402
 from t1_actors.runtime.memory import keep_freed_buffers  # noqa: E402
 from t1_actors.runtime.wire import pack_envelope  # noqa: E402
 
-from bench._ray_side import RaySide  # noqa: E402
+from bench.lib.ray_side import RaySide  # noqa: E402
 
 KEY = "bench-key-0123456789abcdef"
 PAYLOAD = b"x" * 256  # a small control message, like a heartbeat or a cancel

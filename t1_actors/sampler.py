@@ -35,8 +35,6 @@ from .policy import ModelConfig, MoEPolicy
 from .policy.sampling import Generation, SamplingParams
 from .runtime.actor import Actor, handles
 
-_CANCEL_POLL_S = 0.01
-
 
 class SamplerOptions(BaseModel):
     """``[[actors]] options`` of a sampler: where its first policy comes from."""
@@ -133,8 +131,7 @@ class SamplerActor(Actor):
         return generation.to_reply(request.trial_id, request.turn)
 
     async def _cancel_when_asked(self, backend: SamplerBackend, trial_id: str, request_id: str) -> None:
-        while not self.cancel_requested(trial_id):
-            await trio.sleep(_CANCEL_POLL_S)
+        await self.wait_cancel(trial_id)
         await backend.cancel(request_id)
 
     @handles(PolicyUpdate)

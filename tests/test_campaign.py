@@ -349,3 +349,26 @@ def test_t1_actor_eval_plays_a_run_policy_on_the_example_tasks(plain_run, tmp_pa
                                str(tmp_path / "v0-b"), "--json"], cwd=ROOT, capture_output=True, text=True)
     change = json.loads(compared.stdout.strip().splitlines()[-1])
     assert change["tasks"] >= 10 and change["gained"] == change["lost"] == 0
+    # `--policy hf:DIR`: version 0 written as a Hugging Face checkpoint (config.json + safetensors, the run's
+    # tokenizer beside it) plays exactly as run:RUN@0 does, token for token, under the run's limits.
+    from t1_actors.job.layout import weights_dir
+    from t1_actors.policy import MoEPolicy
+    from t1_actors.policy._hf import save_pretrained
+
+    hf_dir = tmp_path / "hf-v0"
+    save_pretrained(MoEPolicy.load(weights_dir(source, 0)), hf_dir)
+    (hf_dir / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
+    campaign = json.loads((source / "config.resolved.json").read_text())["campaign"]
+    limits = ["--max-turns", str(campaign["max_turns"]), "--max-new-tokens", str(campaign["max_new_tokens"]),
+              "--max-context", str(campaign["max_context"])]
+    hf = [*command[:7], f"hf:{hf_dir}", *command[8:], "--concurrency", "1", *limits]
+    hf[hf.index("--out") + 1] = str(tmp_path / "v0-hf")
+    done = subprocess.run(hf, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    def sampled(run: Path) -> dict:
+        log = EventLog.open(run / "log")
+        issued = {e.trial_id: (e.task_id, e.sample) for _, e in log.events(kinds=["trial_issued"])}
+        return {(*issued[t.trial_id], t.turn): t.sampled_ids.tolist() for _, t in log.events(kinds=["sampler_turn"])}
+
+    assert sampled(tmp_path / "v0-hf") == sampled(tmp_path / "v0-a") != {}

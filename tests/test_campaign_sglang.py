@@ -91,3 +91,35 @@ def test_replay_drift_finds_sglangs_logprobs_and_routing_equal_to_t1s_policy(sgl
         assert drift["gap_r3_tito_by_case"]["single_turn"] < 1e-3, drift["gap_r3_tito_by_case"]
     # Live routing differs from SGLang's record on few (token, layer) pairs (measured 0.24 %).
     assert drift["routing_mismatch"]["mean"] < 0.05, drift["routing_mismatch"]
+
+
+def test_t1_actor_eval_plays_a_served_policy_through_sglang(sglang_run, tmp_path):
+    """`t1-actor eval --policy sglang:URL --tokenizer RUN`: the run's version 0 served by a real SGLang server,
+    through the campaign's agent loop on the shipped tasks; every turn SGLang's, its logprobs t1's policy's."""
+    import numpy as np
+
+    from t1_actors.backends.sglang_server import SGLangServer
+    from t1_actors.job.layout import weights_dir
+    from t1_actors.policy import MoEPolicy
+    from tools._replay.drift import token_logprobs
+
+    out = tmp_path / "eval"
+    with SGLangServer.start(weights_dir(sglang_run, 0), context_length=768, max_concurrent=4, weight_version=0,
+                            log_path=tmp_path / "server.log") as server:
+        command = [sys.executable, "-m", "t1_actors.cli", "eval", "--tasks", str(ROOT / "t1_actors/tasks/examples"),
+                   "--policy", f"sglang:{server.url}", "--tokenizer", str(sglang_run), "--max-turns", "8",
+                   "--out", str(out), "--sandbox-dir", str(tmp_path / "sandbox"),
+                   "--verifier-dir", str(tmp_path / "verifier"), "--json"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        start_id = server.engine.start_id
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["n"] == 6 and summary["infra_failures"] == 0 and summary["policy"] == f"sglang:{server.url}"
+    turns = [turn for _, turn in EventLog.open(out / "log").events(kinds=["sampler_turn"])]
+    assert len(turns) >= 6 and {(t.engine, t.engine_start_id, t.policy_version) for t in turns} == {
+        ("sglang", start_id, 0)}
+    policy = MoEPolicy.load(weights_dir(sglang_run, 0)).eval()
+    for turn in turns:
+        ids = np.concatenate([turn.prompt_ids, turn.sampled_ids])
+        ours = token_logprobs(policy, ids, temperature=turn.temperature)[0][len(turn.prompt_ids):]
+        assert np.abs(ours - turn.sampler_logprobs).max() < 1e-3, turn.trial_id

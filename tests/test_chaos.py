@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from storage import EventLog
-from t1_actors.chaos import NOT_TESTED, PHASES, ROLES, SECTION_KEYS, find_orphans, plan_faults
+from t1_actors.chaos import NOT_TESTED, PHASES, ROLES, find_orphans, plan_faults
+from t1_actors.chaos._sections import SECTION_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 ZEROS = ("trials_unaccounted", "trials_final_twice", "continuations_unlinked", "events_duplicated",
@@ -60,6 +61,24 @@ def test_the_orphan_check_finds_a_live_process_a_trial_root_and_ignores_other_ru
     assert find_orphans(seen, ["run-a-train-000001"], tmp_path / "run", sandbox).left == []
 
 
+def test_the_watch_follows_each_role_to_its_restarted_process(tmp_path):
+    """A role is hit again after its restart: the watch takes the supervisor's "restarted" as the role's new
+    process, whatever its reason (matching it by reason once let every second fault of a role go missed)."""
+    from schemas import ActorLifecycle
+    from t1_actors.chaos import _Watch
+
+    log = EventLog.open(tmp_path / "log", create=True)
+    with log.writer("supervisor") as writer:
+        for state, reason, pid in (("started", "process spawned", 101), ("started", "serving", 101),
+                                   ("died", "killed by SIGKILL", 101), ("restarted", "", 202),
+                                   ("started", "serving", 202)):
+            writer.append(ActorLifecycle(actor="staleness-0", role="staleness", state=state, reason=reason, pid=pid))
+        writer.commit()
+    watch = _Watch(tmp_path / "log")
+    watch.poll()
+    assert watch.spawned == {"staleness": 202} and set(watch.serving) == {101, 202}
+
+
 @pytest.fixture(scope="module")
 def chaos_run(tmp_path_factory):
     from test_campaign import _micro_config
@@ -68,8 +87,7 @@ def chaos_run(tmp_path_factory):
     config = _micro_config(tmp, eval={"temperatures": [0.25, 0.5, 0.7, 1.0]})  # a final eval long enough for its fault
     run_dir = tmp / "run"
     done = subprocess.run([sys.executable, "-m", "t1_actors.cli", "chaos", "--config", str(config), "--quick",
-                           "--kills", "1", "--pauses", "1", "--seed", "9", "--run-dir", str(run_dir), "--json",
-                           "--only", "campaign",  # the log and wire sections: tests/test_chaos_log_wire.py
+                           "--kills", "1", "--pauses", "1", "--seed", "9", "--run-dir", str(run_dir), "--json", "--only", "campaign",
                            "--timeout-s", "1200"], cwd=ROOT, capture_output=True, text=True, timeout=1500,
                           env={**os.environ})
     lines = done.stdout.strip().splitlines()
@@ -86,7 +104,7 @@ def test_every_role_killed_and_the_campaign_completes_with_everything_accounted_
     # injected: it is counted in faults_missed, and only there; every other fault hit its role.
     missed = [f for f in report["faults"] if f["at_s"] is None]
     assert report["faults_missed"] == len(missed) and all(f["pid"] is None for f in missed), missed
-    assert len(missed) <= 3, missed  # the micro campaign's RL and final eval last seconds; most faults land
+    assert len(missed) <= 1, missed  # the micro campaign's final eval lasts seconds: its last fault may miss
     assert report["kills"] == {role: 1 - sum(f["role"] == role and f["kind"] == "kill" for f in missed)
                                for role in ROLES}, report["faults"]
     assert sum(report["pauses"].values()) == 1 - sum(f["kind"] == "pause" for f in missed)
@@ -118,7 +136,7 @@ def test_the_report_matches_the_log_and_names_what_it_did_not_test(chaos_run):
     assert all(restarted[f["role"]] >= 1 for f in report["faults"] if f["at_s"] is not None), restarted
     assert report["trials_issued"] == sum(1 for _ in log.events(kinds=["trial_issued"]))
     assert report["events_checked"] == sum(log.counts().values())
-    sections = {key for keys in SECTION_KEYS.values() for key in keys}  # not run here (--only campaign)
-    assert {item["key"] for item in report["not_tested"]} == set(NOT_TESTED) | sections
+    unselected = {*(key for keys in SECTION_KEYS.values() for key in keys), "positive_controls"}  # their own tests
+    assert {item["key"] for item in report["not_tested"]} == set(NOT_TESTED) | unselected
     assert all(item["reason"] for item in report["not_tested"])
-    assert not (set(NOT_TESTED) | sections) & set(report), "an untested key must not be reported as a figure"
+    assert not (set(NOT_TESTED) | unselected) & set(report), "an untested key must not be reported as a figure"

@@ -134,7 +134,8 @@ def test_wire_section_through_the_command(tmp_path, capsys):
     assert peers["clock_skew_beyond_window"].startswith("2 of 2 dropped (2 counted stale)")
     assert peers["other_run_process"].startswith("10 of 10 calls unanswered") and "20 frames rejected" in peers[
         "other_run_process"]
-    assert report["positive_controls"] == {"tried": 2, "succeeded": 2, "each": report["positive_controls"]["each"]}
+    assert report["positive_controls"] == {"tried": 2, "succeeded": 2}
+    assert all(report["positive_controls_each"].values())
     assert {e["key"] for e in report["not_tested"]} >= {"campaign", "writer_crash_points", "torn_reads"}  # not run
     assert report["wire_clean"] and rc == 0
 
@@ -142,7 +143,4 @@ def test_wire_section_through_the_command(tmp_path, capsys):
 def test_only_names_known_sections(tmp_path, capsys):
     with pytest.raises(SystemExit):
         chaos_main(["--only", "log,nope", "--run-dir", str(tmp_path)])
-    assert "unknown section(s) nope" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        chaos_main(["--only", "log"])
-    assert "needs --run-dir" in capsys.readouterr().err
+    assert "--only takes a comma-separated list of campaign, sandbox, tamper, log, wire" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import os
 import time
 
 import trio
+import trio.testing
 from pydantic import BaseModel, ConfigDict
 
 from schemas.events import TrialIssued
@@ -131,3 +132,30 @@ def test_on_event_handlers_give_the_followed_kinds_and_dispatch_in_order():
     assert actor.seen == [("issued", "t"), ("any", "trial_issued"), ("any", "learner_step"), ("stepped", 3)]
     with pytest.raises(TypeError, match="on_event"):
         on_event(int)
+
+
+def test_wait_cancelled_wakes_on_the_cancel_of_its_trial_only():
+    from t1_actors.runtime.inflight import InFlight
+
+    async def main():
+        inflight = InFlight()
+        woke: list[str] = []
+
+        async def waiter(trial: str) -> None:
+            await inflight.wait_cancelled(trial)
+            woke.append(trial)
+
+        async with trio.open_nursery() as nursery:
+            for trial in ("t1", "t1", "t2"):
+                nursery.start_soon(waiter, trial)
+            await trio.testing.wait_all_tasks_blocked()
+            assert woke == [] and sorted(inflight._waiters) == ["t1", "t2"]
+            inflight.cancel("t1", "stale")
+            await trio.testing.wait_all_tasks_blocked()
+            assert woke == ["t1", "t1"] and list(inflight._waiters) == ["t2"]
+            nursery.cancel_scope.cancel()  # a waiter cancelled itself leaves nothing behind
+        assert inflight._waiters == {}
+        with trio.fail_after(1):
+            await inflight.wait_cancelled("t1")  # already cancelled: returns at once
+
+    trio.run(main)

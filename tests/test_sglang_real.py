@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -276,6 +277,37 @@ async def test_r3_replaying_sglang_routing_shrinks_the_learners_logprob_gap(serv
     MEASURED.update(r3={k: metrics[k] for k in ("logprob_gap_r3", "logprob_gap_no_r3", "routing_mismatch_no_r3")})
     assert metrics["routing_mismatch_no_r3"] > 0  # FP8 rounding flipped some of SGLang's expert choices
     assert metrics["logprob_gap_r3"] < metrics["logprob_gap_no_r3"]
+
+
+def test_a_server_stops_when_the_process_that_started_it_is_killed(tmp_path):
+    """The server has its own session (a Ctrl-C at the campaign must not reach it), so a campaign killed with
+    SIGKILL, whose atexit never runs, must not leave it behind: the boot script watches its parent."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from t1_actors.backends.sglang_server import _group_alive
+
+    _policy(3).save(tmp_path / "policy")
+    script = ("import sys, time\n"
+              "from t1_actors.backends.sglang_server import SGLangServer\n"
+              "server = SGLangServer.start(sys.argv[1], context_length=256, max_concurrent=2, log_path=sys.argv[2])\n"
+              "print(server.pid, server.url, flush=True)\n"
+              "time.sleep(3600)\n")
+    starter = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "policy"), str(tmp_path / "server.log")],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        pid, url = starter.stdout.readline().split()
+    finally:
+        starter.send_signal(signal.SIGKILL)
+        starter.wait()
+    deadline = time.monotonic() + 30
+    while _group_alive(int(pid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _group_alive(int(pid)), f"the server's process group {pid} outlived the process that started it"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(url + "/health", timeout=5)
 
 
 @trio_test

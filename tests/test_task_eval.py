@@ -109,7 +109,11 @@ def test_two_evals_pair_by_task_and_attempt(task_set, dirs, oracle, capsys):
 def test_filters_and_bad_input_get_clear_errors(task_set, dirs, capsys):
     code, summary, _ = _eval(capsys, *_args(task_set, dirs, "noop", "medium", "--filter", "difficulty=medium"))
     assert code == 0 and {row["difficulty"] for row in summary["tasks"]} == {"medium"}
-    for policy, extra, message in (("hf:/x", [], "HF tokenizers"), ("gpt", [], "use oracle, noop"),
+    for policy, extra, message in (("hf:/x", [], "/x/config.json not found"), ("gpt", [], "use oracle | noop"),
+                                   ("sglang:127.0.0.1:1", [], "write the server's URL"),
+                                   ("sglang:http://127.0.0.1:1", [], "needs --tokenizer"),
+                                   ("sglang:http://127.0.0.1:1", ["--tokenizer", str(task_set)], "no SGLang server"),
+                                   ("noop", ["--tokenizer", str(task_set)], "only for model policies"),
                                    ("noop", ["--filter", "nokey"], "KEY=VALUE"),
                                    ("noop", ["--filter", "category=none"], "no task matches"),
                                    ("run:/no/such/run", [], "config.resolved.json not found")):

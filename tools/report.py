@@ -18,7 +18,9 @@ from schemas import (
     CriticWarmup, EvalResult, LearnerStep, SamplerTurn, StalenessDecision, TrajectoryAssembled, TrialIssued,
     VerifierResult,
 )
+from storage import EventLog
 from tools._skill import kl_rl_sft, plot_pass_at_k
+from tools.time_shares import plot_time_shares
 
 
 def series_of(events) -> dict:
@@ -289,6 +291,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     curve = plot_pass_at_k(_pass_at_k(view), out)
     if curve is not None:
         figures.append(curve)
+    shares = plot_time_shares(EventLog.open(view.log_path), out)  # where the RL phase's wall time went
+    if shares is not None:
+        figures.append(shares)
     md = out / "summary.md"
     md.write_text(markdown_summary(summary, figures, str(view.root or view.log_path)))
     return {**summary, "figures": [str(p) for p in figures], "markdown": str(md)}

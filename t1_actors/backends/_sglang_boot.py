@@ -10,12 +10,19 @@ no NVIDIA driver ("Found no NVIDIA driver"). On the CPU engine the buffer is pla
 only speeds up device-to-host copies, and there is no device. SGLang's scheduler runs in processes
 started with the ``spawn`` method, which re-import this file as ``__mp_main__``; the patch therefore
 lives at module level so every process of the server gets it.
+
+The server stops with the process that started it, however that one ended: the launcher gives the server
+its own session (a Ctrl-C aimed at the campaign must not reach it), so a campaign killed with SIGKILL, whose
+atexit never runs, would otherwise leave a server holding gigabytes and a port.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+import time
 
 
 def _unpin_host_buffers() -> None:
@@ -37,6 +44,18 @@ def _unpin_host_buffers() -> None:
 _unpin_host_buffers()
 
 
+def _stop_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """A daemon thread: once ``parent`` is no longer this process's parent (it died and we were re-parented),
+    SIGKILL this server's whole process group. Nothing of a server needs saving, and its scheduler
+    processes may not honour SIGTERM: a group SIGKILL is the one stop that always takes them all."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="t1-stop-with-parent", daemon=True).start()
+
+
 def main(argv: list[str]) -> None:
     """What ``python -m sglang.launch_server ARGV`` does, with this file staying ``__main__`` (see above)."""
     from sglang.launch_server import run_server
@@ -44,6 +63,7 @@ def main(argv: list[str]) -> None:
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils import kill_process_tree
 
+    _stop_with_parent(os.getppid())
     load_plugins()
     server_args = prepare_server_args(argv)
     try:

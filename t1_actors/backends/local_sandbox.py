@@ -10,6 +10,8 @@ turns; build steps get the host's, as a Docker build would), Docker's default ca
 CAP_MKNOD, and its own cgroup: memory and process caps and a kill switch for the whole tree at the
 wall-clock timeout; rlimits cap CPU seconds (timeout x the task's ``cpus``) and file size; output is
 capped per stream and flagged when truncated. Processes do not outlive their tool call (the pid namespace ends with it).
+The trial's upper layer lives on its own disk (``_sandbox/disk.py``: a sparse ext4 image of ``disk_mb``,
+loop-mounted), so its writes stop there and never fill the host's.
 
 Usage::
 
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._sandbox import cgroups
+from ._sandbox import cgroups, disk
 from ._sandbox.image import Image, SandboxBuildError, build_image
 from ._sandbox.interface import BuildReport, ExecResult, Sandbox, SandboxBackend, SandboxInfraError
 from ._sandbox.layers import Layer, RootStack, make_skeleton, remove_tree, unmount_all
@@ -62,6 +64,8 @@ class LocalSandboxConfig(BaseModel):
     base_dir: str = Field("/tmp/t1-sandbox", description="images, trials and the skeleton root live here")
     pids_max: int = Field(256, gt=8, description="processes + threads per command (fork bombs stop here)")
     file_size_mb: int = Field(512, gt=0, description="largest file one command may write")
+    disk_mb: int = Field(4096, ge=0, description="all a trial may write, on its own loop-mounted ext4 image "
+                                                 "(sparse); 0: on the host's disk, uncapped")
     build_network: bool = Field(True, description="Dockerfile RUN / setup steps may reach package registries")
     build_memory_mb: int = Field(4096, gt=0, description="memory cap of one environment build step")
 
@@ -113,6 +117,9 @@ class LocalSandboxBackend:
         if problem:
             raise SandboxInfraError(f"local sandbox needs per-command cgroups: {problem}")
         bwrap_path()
+        if self.config.disk_mb and (problem := disk.available()):
+            raise SandboxInfraError(f"per-trial disks ([sandbox.local] disk_mb = {self.config.disk_mb}): {problem}; "
+                                    f"set disk_mb = 0 to write on the host's disk, uncapped")
         self.base = Path(self.config.base_dir)
         self.trials_dir = self.base / "trials"
         self.trials_dir.mkdir(parents=True, exist_ok=True)
@@ -163,12 +170,16 @@ class LocalSandboxBackend:
         try:
             directory.mkdir(parents=True)
             (directory / "owner").write_text(str(os.getpid()))
-            upper = Layer(directory / "upper").create(stack.system_dirs)
+            # the upper and work dirs on the trial's own disk (unmounted last: it is first in `mounted`)
+            home = disk.make_disk(directory, self.config.disk_mb) if self.config.disk_mb else directory
+            upper = Layer(home / "upper").create(stack.system_dirs)
             merged = directory / "root"
             merged.mkdir()
-            mounted = stack.mount(merged, upper, directory / "work")
-        except OSError as exc:
+            mounted = ([str(home)] if home != directory else []) + stack.mount(merged, upper, home / "work")
+        except (OSError, SandboxInfraError) as exc:
             remove_tree(directory)
+            if isinstance(exc, SandboxInfraError):
+                raise
             raise SandboxInfraError(f"cannot mount the root of trial {trial_id}: {exc}") from exc
         trial_root = TrialRoot(trial_id, stack, upper, image.workdir, {**BASE_ENV, **image.env})
         (directory / TRIAL_FILE).write_text(json.dumps(trial_root.to_json()))
@@ -246,8 +257,12 @@ class LocalSandbox:
         workdir = self.trial_root.workdir
         if not self._files.is_dir(workdir):  # the agent removed it: start in / (bwrap would refuse to chdir)
             workdir = "/"
-        return run_in_root(self.root, ["/bin/sh", "-c", command], env=self.trial_root.env, workdir=workdir,
-                           limits=self.limits(timeout_s), network=network, name=self.directory.name)
+        result = run_in_root(self.root, ["/bin/sh", "-c", command], env=self.trial_root.env, workdir=workdir,
+                             limits=self.limits(timeout_s), network=network, name=self.directory.name)
+        if (result.exit_code != 0 and result.killed_by is None and self.backend.config.disk_mb
+                and disk.disk_full(self.directory / disk.MOUNTPOINT)):
+            result = dataclasses.replace(result, killed_by="disk")  # it failed with the trial's disk full
+        return result
 
     def interrupt(self) -> int:
         """Kill whatever command of this trial is running now (its ``exec`` returns, killed). Thread-safe."""

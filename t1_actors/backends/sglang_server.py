@@ -229,13 +229,22 @@ class SGLangServer:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie does not: it only waits to be reaped, which
+    a container's init may never do)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            return True
+    return False
 
 
 _RUNNING: set[SGLangServer] = set()

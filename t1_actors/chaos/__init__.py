@@ -1,7 +1,8 @@
 """`t1-actor chaos`: a campaign under fault injection, then the audit of its log and a look for leftovers.
 
     t1-actor chaos --config configs/tiny.toml [--quick] [--kills N] [--pauses P] [--seed S] [--run-dir RUN] [--json]
-                   [--only campaign,log,wire]
+    t1-actor chaos --only sandbox,tamper [--json]      (the hostile-command and tampering suites alone)
+    t1-actor chaos --only log,wire [--run-dir DIR]      (the log's and the wire's faults alone)
 
 1. the campaign runs as ``t1-actor launch`` does (a child process), from the config with the chaos overrides
    (``CHAOS_OVERRIDES``: a shorter heartbeat timeout, so a pause is noticed, and a restart limit high enough
@@ -18,9 +19,9 @@
    what issue 23 asks for and this command does not measure is listed in ``not_tested`` with the reason,
    never reported as 0.
 
-Beside the campaign (after it, in RUN/faults/), the ``SECTIONS``: ``log`` (issue 23 part 2, ``_log_faults``:
-the writer killed at 200 injected points under a tailing reader, a full disk, flipped bytes) and ``wire``
-(part 3, ``_wire_faults``: 10k forged frames and hostile peers against a live actor). ``--only`` picks.
+5. the sections beside the campaign (``--only`` picks any of campaign, sandbox, tamper; all by default):
+   hostile commands in the sandbox (``_hostile.py``) and verifier tampering (``_tamper.py``), each case with
+   its positive control (unconfined, or against a naive verifier), counted in ``positive_controls``.
 
 A fault planned for a phase the campaign left before its turn came is injected in the next phase (the
 report lists each fault's planned and actual phase); one never injected is counted in ``faults_missed``.
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ._leftovers import Orphans, _alive, _start_time, _tree, find_orphans, leftovers  # noqa: F401  (_start_time: tests)
+from ._sections import SECTIONS, run_sections, sections_clean
 
 ROLES = ("sampler", "sandbox", "verifier", "critic", "learner", "staleness")
 PHASES = ("eval", "warm-up", "RL", "final eval")
@@ -59,26 +61,9 @@ SETTLE_S = 2.0  # a fault hits a process that has been serving this long (past i
 
 # What issue 23's report asks for and this command does not measure yet: reported, never as 0.
 NOT_TESTED = {
-    "sandbox_escapes_tried": "not built yet: the hostile-command suite (issue 23 part 4)",
-    "sandbox_escapes_succeeded": "not built yet: the hostile-command suite (issue 23 part 4)",
-    "tamper_tried": "not built yet: the verifier-tampering suite (issue 23 part 5)",
-    "tamper_undetected": "not built yet: the verifier-tampering suite (issue 23 part 5)",
     "audit_mutations": "not run by this command: tests/test_replay_audit.py feeds the audit doctored logs "
                        "(a final state removed, an event duplicated, a step skipped, a weights file changed)",
 }
-
-# Measured beside the campaign (``--only`` picks among "campaign" and these): name -> (module, function).
-# Each function takes (work_dir, seed=, say=) and returns its report keys; "<name>_positive_controls"
-# {control: succeeded} and "<name>_not_tested" [{key, reason}] are gathered into the report's own keys.
-SECTIONS = {"log": ("._log_faults", "log_faults"), "wire": ("._wire_faults", "wire_faults")}
-SECTION_KEYS = {"log": ("writer_crash_points", "torn_reads", "enospc_lost_committed", "bitflips_undetected"),
-                "wire": ("frames_fuzzed", "frames_accepted_forged", "hostile_peers", "heartbeats_missed")}
-# What must be 0 (or false) in each section, with the count that shows something was checked
-SECTION_ZEROS = {"log": (("torn_reads", "reads_checked"), ("acked_lost", "reads_checked"),
-                         ("enospc_lost_committed", "enospc_committed_checked"),
-                         ("bitflips_undetected_data_changed", "bitflips_tried"), ("bitflips_misnamed", "bitflips_tried")),
-                 "wire": (("frames_accepted_forged", "frames_fuzzed"), ("heartbeats_missed", "pings_checked"),
-                          ("actor_crashed", "pings_checked"))}
 
 
 @dataclass
@@ -164,7 +149,10 @@ class _Watch:
                 return
         for _, event in self.cursor.poll():
             if event.kind == "actor_lifecycle":
-                if event.state in ("started", "restarted") and event.reason == "process spawned":
+                # the supervisor's spawn: "started" (reason "process spawned"; the actor's own "started" says
+                # "serving") or "restarted" (any reason). Matching a restart by its reason missed every
+                # restarted process once the supervisor stopped writing one: no role could be hit twice.
+                if event.state == "restarted" or (event.state == "started" and event.reason == "process spawned"):
                     self.spawned[event.role] = event.pid
                 elif event.state == "started" and event.reason == "serving":
                     self.serving.setdefault(event.pid, time.monotonic())
@@ -330,35 +318,6 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
     return report
 
 
-def run_sections(names: list[str], work_dir: Path, *, seed: int, say=lambda line: None) -> dict[str, Any]:
-    """The ``SECTIONS`` asked for, one after the other, each in ``work_dir/<name>``; their keys merged,
-    plus ``<name>_wall_s``, ``<name>_clean`` and the sections' positive controls and not_tested lists."""
-    import importlib
-
-    report: dict[str, Any] = {"positive_controls": {"tried": 0, "succeeded": 0, "each": {}}, "not_tested": []}
-    for name in names:
-        module, function = SECTIONS[name]
-        started = time.monotonic()
-        keys = getattr(importlib.import_module(module, __package__), function)(work_dir / name, seed=seed, say=say)
-        controls = keys.pop(f"{name}_positive_controls", {})
-        not_tested = keys.pop(f"{name}_not_tested", [])
-        report.update(keys)
-        report[f"{name}_wall_s"] = round(time.monotonic() - started, 1)
-        report["positive_controls"]["each"].update(controls)
-        report["not_tested"].extend(not_tested)
-        skipped = {entry["key"] for entry in not_tested}
-        report[f"{name}_clean"] = (bool(controls) and all(controls.values())
-                                   and all(not keys.get(zero) and keys.get(checked, 0) > 0
-                                           for zero, checked in SECTION_ZEROS[name] if zero not in skipped))
-    each = report["positive_controls"]["each"]
-    report["positive_controls"].update(tried=len(each), succeeded=sum(map(bool, each.values())))
-    for name in SECTIONS:
-        if name not in names:
-            report["not_tested"] += [{"key": key, "reason": f"section {name!r} not run (--only)"}
-                                     for key in SECTION_KEYS[name]]
-    return report
-
-
 def _signal(pid: int, sig: signal.Signals) -> None:
     try:
         os.kill(pid, sig)
@@ -370,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="t1-actor chaos", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, help="a campaign config (configs/tiny.toml); the campaign needs it")
+    parser.add_argument("--only", default=",".join(SECTIONS), metavar="LIST",
+                        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="apply the config's [quick.*] overrides")
     parser.add_argument("--kills", type=int, default=4, metavar="N", help="SIGKILLs per role (default 4)")
     parser.add_argument("--pauses", type=int, default=2, metavar="P",
@@ -378,44 +339,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, default=None, help="where the run goes (overrides [run] dir)")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="stop the campaign after this long")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON line only")
-    parser.add_argument("--only", default=",".join(("campaign", *SECTIONS)), metavar="SECTIONS",
-                        help=f"comma-separated, among campaign,{','.join(SECTIONS)} (default: all); without "
-                             "the campaign, --run-dir is where the sections work")
     args = parser.parse_args(argv)
     if args.kills < 0 or args.pauses < 0:
         parser.error("--kills and --pauses count faults: 0 or more")
-    only = [name for name in args.only.split(",") if name]
-    if unknown := sorted(set(only) - {"campaign", *SECTIONS}):
-        parser.error(f"--only: unknown section(s) {', '.join(unknown)} (known: campaign, {', '.join(SECTIONS)})")
-    if "campaign" in only and args.config is None:
-        parser.error("the campaign needs --config (or leave it out: --only log,wire)")
-    if "campaign" not in only and args.run_dir is None:
-        parser.error("--only without the campaign needs --run-dir (where the sections work)")
+    selected = [part.strip() for part in args.only.split(",") if part.strip()]
+    if not selected or set(selected) - set(SECTIONS):
+        parser.error(f"--only takes a comma-separated list of {', '.join(SECTIONS)}")
+    if "campaign" in selected and args.config is None:
+        parser.error("the campaign needs --config (or pass --only sandbox,tamper)")
     say = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    sections = [name for name in SECTIONS if name in only]
-    try:
-        if "campaign" in only:
+    clean = True
+    if "campaign" in selected:
+        try:
             report = run_chaos(args.config, quick=args.quick, kills=args.kills, pauses=args.pauses, seed=args.seed,
                                run_dir=args.run_dir, timeout_s=args.timeout_s, say=say)
-        else:
-            from ..job.summary import code_version
+        except (FileExistsError, RuntimeError) as error:
+            print(f"t1-actor chaos: {error}", file=sys.stderr)
+            return 2
+        zeros = ("trials_unaccounted", "trials_final_twice", "events_duplicated", "learner_steps_gap",
+                 "trajectories_consumed_twice", "trajectories_consumed_unadmitted", "versions_out_of_order",
+                 "weights_mismatched", "orphans")
+        clean = report["campaign_completed"] and all(report[k] == 0 for k in zeros) and report["events_checked"] > 0
+        run_dir = Path(report["run_dir"])
+    else:
+        from ..job.summary import code_version
 
-            report = {"commit": code_version(), "seed": args.seed, "run_dir": str(args.run_dir.resolve()),
-                      "not_tested": [{"key": "campaign", "reason": "not run (--only)"}]}
-    except (FileExistsError, RuntimeError) as error:
-        print(f"t1-actor chaos: {error}", file=sys.stderr)
-        return 2
-    measured = run_sections(sections, Path(report["run_dir"]) / "faults", seed=args.seed, say=say)
-    report["not_tested"] = report["not_tested"] + measured.pop("not_tested")
-    report.update(measured)
-    Path(report["run_dir"]).mkdir(parents=True, exist_ok=True)
-    (Path(report["run_dir"]) / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
+        report = {"commit": code_version(), "not_tested": [{"key": "campaign", "reason": "not selected (--only)"}]}
+        run_dir = args.run_dir.resolve() if args.run_dir is not None else None
+    report["sections"] = selected
+    part = run_sections(selected, run_dir / "hostile" if run_dir is not None else None, say=say)
+    report["not_tested"] = report["not_tested"] + part.pop("sections_not_tested")
+    report.update(part)
+    clean = clean and sections_clean(report, selected)
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
-    zeros = ("trials_unaccounted", "trials_final_twice", "events_duplicated", "learner_steps_gap",
-             "trajectories_consumed_twice", "trajectories_consumed_unadmitted", "versions_out_of_order",
-             "weights_mismatched", "orphans")
-    clean = all(report[f"{name}_clean"] for name in sections)
-    if "campaign" in only:
-        clean = (clean and report["campaign_completed"] and all(report[k] == 0 for k in zeros)
-                 and report["events_checked"] > 0)
     return 0 if clean else 1

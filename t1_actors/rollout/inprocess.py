@@ -40,7 +40,9 @@ class InProcessPorts:
     async def generate(self, trial_id, turn, prompt_ids, seed=None, temperature=None):
         update = {k: v for k, v in (("seed", seed), ("temperature", temperature)) if v is not None}
         params = self.params.model_copy(update=update) if update else self.params
-        [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), params)])
+        # the trial is the session, as the sampler actor makes it: a turn prefills only its new tokens
+        [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), params,
+                                                        session_id=trial_id)])
         return g
 
     async def cancel(self, trial_id, *, sandbox_id=None):

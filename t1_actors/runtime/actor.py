@@ -172,6 +172,10 @@ class Actor:
         """True once a Cancel for ``trial_id`` arrived (for graceful handlers)."""
         return self.ctx.inflight.cancel_requested(trial_id)
 
+    async def wait_cancel(self, trial_id: str) -> None:
+        """Return once a Cancel for ``trial_id`` arrives (for graceful handlers that stop work on it)."""
+        await self.ctx.inflight.wait_cancelled(trial_id)
+
     def request_shutdown(self, reason: str = "") -> None:
         """Stop this actor cleanly (as a Shutdown message would)."""
         self.logger.info("shutdown_requested", reason=reason)

@@ -33,6 +33,7 @@ class InFlight:
     def __init__(self) -> None:
         self._by_trial: dict[str | None, set[InFlightRequest]] = {}
         self._cancelled: OrderedDict[str, str] = OrderedDict()
+        self._waiters: dict[str, list[trio.Event]] = {}  # trial id -> tasks in ``wait_cancelled``
 
     @contextmanager
     def track(self, trial_id: str | None, graceful: bool) -> Iterator[InFlightRequest]:
@@ -59,6 +60,8 @@ class InFlight:
             self._cancelled.move_to_end(trial_id)
             while len(self._cancelled) > _REMEMBERED_CANCELS:
                 self._cancelled.popitem(last=False)
+            for waiter in self._waiters.pop(trial_id, ()):
+                waiter.set()
             targets = list(self._by_trial.get(trial_id, ()))
         for request in targets:
             request.cancel_reason = reason
@@ -75,6 +78,22 @@ class InFlight:
 
     def cancel_requested(self, trial_id: str) -> bool:
         return trial_id in self._cancelled
+
+    async def wait_cancelled(self, trial_id: str) -> None:
+        """Return once a Cancel for ``trial_id`` has arrived (at once if one already did). A wake-up, not a
+        poll: a sampler waits so for each of its generations in flight."""
+        if trial_id in self._cancelled:
+            return
+        waiter = trio.Event()
+        self._waiters.setdefault(trial_id, []).append(waiter)
+        try:
+            await waiter.wait()
+        finally:
+            waiters = self._waiters.get(trial_id)
+            if waiters is not None and waiter in waiters:
+                waiters.remove(waiter)
+                if not waiters:
+                    del self._waiters[trial_id]
 
     def __len__(self) -> int:
         return sum(len(rs) for rs in self._by_trial.values())

@@ -6,9 +6,10 @@ category and difficulty, pass@k, failure classes kept apart, resumable, pairable
     t1-actor eval --compare RUN_A RUN_B [--json]
 
 POLICY: ``oracle`` (the task's solution: checks the harness; its failures are the harness's), ``noop``
-(nothing: what passes by itself), ``run:RUN[@VERSION]`` (a t1 run's policy, newest version by default,
-through the campaign's agent loop). ``hf:`` and ``sglang:`` policies are refused by name until t1 loads
-HF tokenizers and serves through a real SGLang server.
+(nothing: what passes by itself), and the model policies, each through the campaign's agent loop
+(``_models``): ``run:RUN[@VERSION]`` (a t1 run's policy, newest version by default), ``hf:DIR`` (a Hugging
+Face Qwen3-MoE / Qwen3.5-MoE checkpoint with its tokenizer and chat template), ``sglang:URL`` (what a running
+SGLang server serves, with ``--tokenizer``).
 
 RUN gets the eval's own event log (``RUN/log``: every trial, turn, exec, ending and verification; ``t1-replay
 show RUN --trial ID`` reads it), ``RUN/eval.json`` (the summary) and ``RUN/eval.md`` (the table). Running again
@@ -20,18 +21,19 @@ same tasks draw the same uniforms per (task, turn, attempt): ``--compare`` pairs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from ._models import is_model_policy, model_source
 from ._summary import attempt_rows, compare, markdown, summarise
 
 __all__ = ["main", "attempt_rows", "summarise", "compare", "markdown"]
 
-REFUSED_POLICIES = {"hf:": "HF checkpoints need t1 to load HF tokenizers and chat templates (not yet)",
-                    "sglang:": "a served model needs the real-SGLang launcher (not yet)"}
+POLICIES = "oracle | noop | run:RUN[@VERSION] | hf:DIR | sglang:URL"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,7 +41,14 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", action="append", default=[], metavar="DIR_OR_LIST",
                         help="a task directory, a directory of them, or a file listing task directories (repeatable)")
-    parser.add_argument("--policy", default=None, help="oracle | noop | run:RUN[@VERSION]")
+    parser.add_argument("--policy", default=None, help=POLICIES)
+    parser.add_argument("--tokenizer", default=None,
+                        help="hf:/sglang: the tokenizer (HF directory, tokenizer.json, or a t1 run directory)")
+    parser.add_argument("--model-config", default=None,
+                        help="sglang: a directory with the served model's config.json (default: the server's)")
+    parser.add_argument("--max-turns", type=int, default=None, help="model policies (default: the run's, else 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: the run's, else 64)")
+    parser.add_argument("--max-context", type=int, default=None, help="tokens (default: the run's, else 768)")
     parser.add_argument("--attempts", type=int, default=1, help="attempts per task (pass@k for k <= this)")
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's)")
     parser.add_argument("--seed", type=int, default=0, help="0: the campaign's eval draws; another value, another stream")
@@ -49,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=None, help="the eval's run directory (default runs/eval-TIMESTAMP)")
     parser.add_argument("--compare", nargs=2, default=None, metavar=("RUN_A", "RUN_B"),
                         help="pair two finished evals by (task, attempt) instead of running one")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (run: policies)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (run: and hf: policies)")
     parser.add_argument("--sandbox-dir", default=None, help="local sandbox base directory")
     parser.add_argument("--verifier-dir", default=None, help="verifier base directory")
     parser.add_argument("--json", action="store_true", help="last line: the summary as one JSON object")
@@ -92,9 +101,14 @@ def load_task_set(sources: list[str], filters: list[str]) -> list:
     return sorted(kept, key=lambda t: t.id)
 
 
-def _header(args, tasks: list) -> dict[str, Any]:
-    return {"policy": args.policy, "attempts": args.attempts, "temperature": args.temperature, "seed": args.seed,
-            "task_ids": [t.id for t in tasks], "filters": sorted(args.filter)}
+def _header(args, tasks: list, source) -> dict[str, Any]:
+    header = {"policy": args.policy, "attempts": args.attempts, "temperature": args.temperature, "seed": args.seed,
+              "task_ids": [t.id for t in tasks], "filters": sorted(args.filter)}
+    if source is not None:
+        limits = source.campaign.rollout_limits()
+        header["limits"] = {"max_turns": limits.max_turns, "max_new_tokens": limits.max_new_tokens,
+                            "max_context": limits.max_context}
+    return header
 
 
 def _check_resume(out: Path, header: dict[str, Any]) -> None:
@@ -104,14 +118,14 @@ def _check_resume(out: Path, header: dict[str, Any]) -> None:
     if not path.is_file():
         return
     previous = json.loads(path.read_text())
-    for key in ("policy", "attempts", "temperature", "seed", "task_ids"):
-        if previous.get(key) != header.get(key):
+    for key in ("policy", "attempts", "temperature", "seed", "task_ids", "limits"):
+        if key in previous and previous.get(key) != header.get(key):
             shown = "the task set" if key == "task_ids" else f"{key} = {previous.get(key)!r}"
             raise ConfigError(f"--out {out}: it holds an eval with {shown}, this one differs; pass a new --out "
                               "(nothing was touched)")
 
 
-async def _run(args, tasks: list, out: Path, header: dict, show, stream, parts: dict[str, Any] | None) -> dict[str, Any]:
+async def _run(args, tasks: list, out: Path, header: dict, show, stream, source) -> dict[str, Any]:
     import secrets
 
     import trio
@@ -132,33 +146,31 @@ async def _run(args, tasks: list, out: Path, header: dict, show, stream, parts: 
     sandbox_config = LocalSandboxConfig(**({"base_dir": args.sandbox_dir} if args.sandbox_dir else {}))
     verifier = Verifier(VerifierConfig(**({"base_dir": args.verifier_dir} if args.verifier_dir else {})))
     backend = LocalSandboxBackend(sandbox_config)
-    sampler_cm, routing = None, {}
-    if parts is not None:  # a run: policy's turns carry routing: the writer needs the policy's shape
-        model = parts["config"].section("model")
-        routing = {"routing_shape": (model.num_layers, model.top_k), "num_experts": model.num_experts}
+    # a model policy's turns carry routing: the writer needs the policy's shape
+    routing = source.routing_shape() if source is not None else {}
     try:
         with log.writer(f"eval-{secrets.token_hex(4)}", **routing) as writer:
             ports = EvalPorts(tasks=by_id, sandbox_backend=backend, verifier=verifier, writer=writer, seed=args.seed)
-            if args.policy == "oracle":
-                policy = OraclePolicy()
-            elif args.policy == "noop":
-                policy = NoopPolicy()
-            else:
-                policy, sampler_cm = await _open_run_policy(args, ports, by_id, parts)
-            limiter = trio.CapacityLimiter(max(1, args.concurrency))
+            async with contextlib.AsyncExitStack() as stack:
+                if args.policy == "oracle":
+                    policy = OraclePolicy()
+                elif args.policy == "noop":
+                    policy = NoopPolicy()
+                else:
+                    sampler = await stack.enter_async_context(source.open_sampler(args.threads))
+                    policy = _model_policy(args.policy, source, ports, sampler, by_id)
+                limiter = trio.CapacityLimiter(max(1, args.concurrency))
 
-            with EvalProgress(stream, len(tasks) * args.attempts, len(done)) as progress:
-                async def one(task, attempt: int) -> None:
-                    async with limiter:
-                        outcome = await play_attempt(ports, policy, task, attempt, "eval")
-                    progress.finished(task.id, attempt, outcome)
+                with EvalProgress(stream, len(tasks) * args.attempts, len(done)) as progress:
+                    async def one(task, attempt: int) -> None:
+                        async with limiter:
+                            outcome = await play_attempt(ports, policy, task, attempt, "eval")
+                        progress.finished(task.id, attempt, outcome)
 
-                async with trio.open_nursery() as nursery:
-                    for task, attempt in todo:
-                        nursery.start_soon(one, task, attempt)
+                    async with trio.open_nursery() as nursery:
+                        for task, attempt in todo:
+                            nursery.start_soon(one, task, attempt)
     finally:
-        if sampler_cm is not None:
-            await sampler_cm.__aexit__(None, None, None)
         verifier.close()
         backend.close()
     rows = attempt_rows(EventLog.open(out / "log"))
@@ -167,28 +179,19 @@ async def _run(args, tasks: list, out: Path, header: dict, show, stream, parts: 
     return summary
 
 
-async def _open_run_policy(args, ports, by_id, parts: dict[str, Any]):
-    import torch
-
-    from ..backends.sampler_backend import SamplerConfig
-    from ..backends.torch_sampler import TorchSampler
-    from ..policy import MoEPolicy
+def _model_policy(name: str, source, ports, sampler, by_id):
+    """The campaign's agent loop on ``sampler``, with the source's tokenizer, limits and temperature."""
     from ..policy.sampling import SamplingParams
     from ..policy.tokenizer import load_tokenizer, special_token_ids
     from ..rollout.trials import TrialRunner
-    from ._runner import RunPolicy
+    from ._runner import ModelPolicy
 
-    torch.set_num_threads(args.threads)
-    tokenizer = load_tokenizer(parts["tokenizer"])
-    campaign = parts["config"].section("campaign")
-    policy = MoEPolicy.load(parts["weights"])
-    sampler_cm = TorchSampler.open(policy, config=SamplerConfig(max_batch=64), version=parts["version"])
-    sampler = await sampler_cm.__aenter__()
-    ports.sampler, ports.version = sampler, parts["version"]
-    ports.params = SamplingParams(max_new_tokens=campaign.max_new_tokens, temperature=parts["temperature"],
+    tokenizer = load_tokenizer(source.tokenizer)
+    ports.sampler, ports.version = sampler, source.version
+    ports.params = SamplingParams(max_new_tokens=source.campaign.max_new_tokens, temperature=source.temperature,
                                   stop_ids=(special_token_ids(tokenizer)["<|im_end|>"],))
-    runner = TrialRunner(ports, by_id, tokenizer, campaign.rollout_limits(), run_tag="eval")
-    return RunPolicy(name=args.policy, temperature=parts["temperature"], runner=runner), sampler_cm
+    runner = TrialRunner(ports, by_id, tokenizer, source.campaign.rollout_limits(), run_tag="eval")
+    return ModelPolicy(name=name, temperature=source.temperature, runner=runner)
 
 
 def _compare(args, show) -> int:
@@ -227,28 +230,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.compare:
             return _compare(args, show)
         if not args.tasks or not args.policy:
-            raise ConfigError("give --tasks DIR_OR_LIST and --policy (oracle | noop | run:RUN[@VERSION]), "
-                              "or --compare RUN_A RUN_B")
-        for prefix, why in REFUSED_POLICIES.items():
-            if args.policy.startswith(prefix):
-                raise ConfigError(f"--policy {args.policy}: {why}; use oracle, noop or run:RUN[@VERSION]")
-        if args.policy not in ("oracle", "noop") and not args.policy.startswith("run:"):
-            raise ConfigError(f"--policy {args.policy!r}: use oracle, noop or run:RUN[@VERSION]")
+            raise ConfigError(f"give --tasks DIR_OR_LIST and --policy ({POLICIES}), or --compare RUN_A RUN_B")
+        if args.policy not in ("oracle", "noop") and not is_model_policy(args.policy):
+            raise ConfigError(f"--policy {args.policy!r}: use {POLICIES}")
         if args.attempts < 1 or args.concurrency < 1:
             raise ConfigError("--attempts and --concurrency must be >= 1")
-        parts = None
-        if args.policy.startswith("run:"):  # read once: its config, weights, version and temperature
-            from ._runner import run_policy_parts
-
-            parts = run_policy_parts(args.policy, args.temperature)
-            args.temperature = parts["temperature"]
+        source = None
+        if is_model_policy(args.policy):  # read once, before anything is written: weights, tokenizer, limits
+            source = model_source(args.policy, temperature=args.temperature, tokenizer=args.tokenizer,
+                                  model_config=args.model_config,
+                                  limits={"max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens,
+                                          "max_context": args.max_context})
+            args.temperature = source.temperature
+        elif args.tokenizer or args.model_config:
+            raise ConfigError(f"--tokenizer / --model-config: only for model policies, not --policy {args.policy}")
         tasks = load_task_set(args.tasks, args.filter)
         out = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
-        header = _header(args, tasks)
+        header = _header(args, tasks, source)
         _check_resume(out, header)
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval-config.json").write_text(json.dumps(header, indent=2))
-        summary = trio.run(_run, args, tasks, out, header, show, stream, parts)
+        summary = trio.run(_run, args, tasks, out, header, show, stream, source)
     except ConfigError as exc:
         print(f"t1-actor eval: {exc}", file=sys.stderr)
         return 2

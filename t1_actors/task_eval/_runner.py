@@ -3,8 +3,8 @@
 A policy acts in an open sandbox; the loop around it is the same for all of them: ``TrialIssued``, the
 sandbox (a build failure is an infrastructure failure, recorded, never a 0), the policy within the task's
 own agent timeout, ``TrialEnded``, the task's tests (``VerifierResult``), the sandbox closed whatever
-happened (Ctrl-C included). A ``run:`` policy is the campaign's agent loop (``trials.TrialRunner``) on the
-run's weights, tokenizer and rollout limits, each turn seeded by ``trials.eval_seed(task, turn, attempt)``
+happened (Ctrl-C included). A model policy is the campaign's agent loop (``trials.TrialRunner``) on its
+weights, tokenizer and rollout limits (``_models``), each turn seeded by ``trials.eval_seed(task, turn, attempt)``
 (mixed with ``--seed`` when it is not 0), so two evals of the same task set can be paired.
 """
 
@@ -14,7 +14,6 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -78,7 +77,7 @@ class EvalPorts(InProcessPorts):
         params = self.params.model_copy(update=update)
         [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), params)])
         await self.log(g.to_event(trial_id, turn, prompt_ids, temperature=params.temperature, top_p=params.top_p,
-                                  sampler_id="eval"))
+                                  sampler_id="eval", engine=self.sampler.engine))
         return g
 
     async def verify(self, trial_id: str, task_id: str):
@@ -131,43 +130,17 @@ class NoopPolicy:
 
 
 @dataclass
-class RunPolicy:
-    """A t1 run's policy at one version, through the campaign's agent loop."""
+class ModelPolicy:
+    """A model (``run:``, ``hf:``, ``sglang:``; see ``_models``) through the campaign's agent loop."""
 
     name: str
     temperature: float
-    runner: Any = None  # trials.TrialRunner, wired by ``open_run_policy``
+    runner: Any = None  # trials.TrialRunner on the model's sampler, tokenizer and limits
 
     async def act(self, ports, trial_id, task, attempt):
         rollout = await self.runner.play(trial_id, task.id, seeded=True, sample_index=attempt,
                                          temperature=self.temperature)
         return rollout.finish, len(rollout.turns), rollout.infra_error
-
-
-def run_policy_parts(spec: str, temperature: float | None) -> dict[str, Any]:
-    """``run:RUN[@VERSION]`` -> the run's config, tokenizer, weights directory and version (newest by default)."""
-    from ..job.layout import tokenizer_path, weights_dir
-    from ..config import ConfigError, load_config
-
-    body = spec[len("run:"):]
-    run, _, version = body.partition("@")
-    run_dir = Path(run)
-    config_path = run_dir / "config.resolved.json"
-    if not config_path.is_file():
-        raise ConfigError(f"--policy {spec}: {config_path} not found; name a run directory t1-actor launch wrote")
-    versions = sorted(int(p.name[1:]) for p in (run_dir / "weights").glob("v[0-9]*") if p.is_dir())
-    if not versions:
-        raise ConfigError(f"--policy {spec}: no weights under {run_dir / 'weights'}")
-    try:
-        chosen = versions[-1] if not version else int(version)
-    except ValueError:
-        raise ConfigError(f"--policy {spec}: @{version} is not a version number (e.g. run:{run}@0)") from None
-    if chosen not in versions:
-        raise ConfigError(f"--policy {spec}: no version {chosen} in {run_dir / 'weights'} (it has {versions})")
-    config = load_config(config_path)
-    return {"config": config, "tokenizer": tokenizer_path(run_dir), "weights": weights_dir(run_dir, chosen),
-            "version": chosen, "temperature": config.section("sampler").temperature if temperature is None
-            else temperature}
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ class SandboxInfraError(RuntimeError):
 
 @dataclass(frozen=True)
 class ExecResult:
-    """One tool call. ``killed_by`` names the limit that ended it: timeout, memory, cpu, pids, file_size."""
+    """One tool call. ``killed_by`` names the limit that ended it: timeout, memory, cpu, pids, file_size, disk
+    (the command failed with the trial's disk full)."""
 
     exit_code: int
     stdout: str

@@ -87,6 +87,23 @@ def main(project: str | None = None) -> None:
     trusted = trusted_mounts(exclude=project)
     protocol.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
     jobs: dict[int, _Job] = {}
+    client_gone = False
+
+    def send(record: dict) -> None:
+        nonlocal client_gone
+        if client_gone:
+            return
+        try:
+            protocol.write(json.dumps(record) + "\n")
+        except BrokenPipeError:  # the client died (its actor was killed): nobody wants the results in flight,
+            client_gone = True   # but every job is still reaped and its cgroup removed before this server exits
+            for job in jobs.values():
+                job.cgroup.kill()
+            try:
+                protocol.close()
+            except OSError:
+                pass
+
     selector = selectors.DefaultSelector()
     selector.register(sys.stdin.fileno(), selectors.EVENT_READ)
     pending = bytearray()
@@ -111,7 +128,7 @@ def main(project: str | None = None) -> None:
                     pending = bytearray(rest)
                     job = _start(json.loads(line), trusted)
                     if isinstance(job, dict):
-                        protocol.write(json.dumps(job) + "\n")
+                        send(job)
                     else:
                         jobs[job.fd] = job
                         selector.register(job.fd, selectors.EVENT_READ)
@@ -123,7 +140,7 @@ def main(project: str | None = None) -> None:
                     continue
                 selector.unregister(key.fd)
                 del jobs[key.fd]
-                protocol.write(json.dumps(_finish(job)) + "\n")
+                send(_finish(job))
 
 
 def _start(request: dict, trusted: list[str]) -> _Job | dict:
