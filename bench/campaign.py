@@ -11,14 +11,14 @@ engines and threads. Budgets are steps, not seconds.
 
 - six processes: ``t1-actor launch`` with ``[campaign] warm_start_from`` = the SFT run and ``rl_steps``;
   its RL window read from its log (the first training trial's issue to policy version ``steps``);
-- one process: ``_one_process.run_one_process`` (the same ``run_batches`` over ``InProcessPorts``, the
+- one process: ``lib/one_process.run_one_process`` (the same ``run_batches`` over ``InProcessPorts``, the
   learner stepping in a worker thread), timed over the same window.
 
 The evals are not timed (the campaign's protocol runs on a small split around its RL phase; the one
 process plays none). Last line: one JSON object with both sides' ``trajectories_per_s`` and
 ``steps_per_s`` (and per minute), ``actor_system_ratio`` (six processes / one process, trajectories per
 second; goal >= 0.9), ``cpu_s`` of each side's process tree over its RL window (by actor role for the
-campaign: bench/_cpu.py) and ``cpu_s_per_trajectory``, and where the campaign's RL wall time went, from
+campaign: bench/lib/cpu.py) and ``cpu_s_per_trajectory``, and where the campaign's RL wall time went, from
 its log's own timestamps:
 ``time_shares`` (exclusive, summing to 1 with ``waiting``) and ``busy_shares`` (each part's own; see
 tools/time_shares.py).
@@ -137,7 +137,7 @@ def run_campaign(config_path: Path, run_dir: Path, steps: int, timeout_s: float)
     code, output tail and the CPU the RL window took, by role."""
     from storage import EventLog
 
-    from bench._cpu import spent, tree_cpu
+    from bench.lib.cpu import spent, tree_cpu
 
     started = time.monotonic()
     output = open(run_dir.parent / "campaign.out", "w+")
@@ -191,7 +191,7 @@ def ratio(six: dict | None, one: dict | None, key: str) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     import trio
 
-    from bench._one_process import run_one_process
+    from bench.lib.one_process import run_one_process
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", default=None, help="a run directory whose SFT policy and config both sides use")

@@ -26,7 +26,7 @@ import trio
 from schemas import StalenessDecision, TrajectoryAssembled, TrialIssued
 from t1_actors.rollout.inprocess import InProcessPorts
 
-from bench._cpu import spent, tree_cpu
+from .cpu import spent, tree_cpu
 
 
 class _LearningPorts(InProcessPorts):
