@@ -110,6 +110,8 @@ def test_every_role_killed_and_the_campaign_completes_with_everything_accounted_
     assert sum(report["pauses"].values()) == 1 - sum(f["kind"] == "pause" for f in missed)
     for key in ZEROS:
         assert report[key] == 0, (key, report["audit_examples"], report["orphans_found"])
+    mutations = report["audit_mutations"]  # the audit's positive controls, on this run's own log
+    assert mutations["caught"] == mutations["tried"] >= 8, report["audit_mutations_each"]
     for checked in ("events_checked", "trials_issued", "learner_steps", "versions_published", "weights_checked"):
         assert report[checked] > 0, checked
     checked = report["orphans_checked"]  # what was looked at, and what the same matching saw while it ran

@@ -97,3 +97,13 @@ def test_a_changed_weights_file_is_caught(events, tmp_path):
 def test_every_zero_count_is_reported(events):
     out = audit_events(events).to_json()
     assert set(Audit.MUST_BE_ZERO) <= set(out) and out["clean"] is True
+
+
+def test_the_chaos_reports_audit_mutations_are_each_caught_on_a_real_shaped_log(events, tmp_path):
+    """`t1-actor chaos` doctors its campaign's own log ten ways (t1_actors/chaos/_audit_mutations.py); on this
+    log every mutation has its target, and each one fails the audit by the count it names."""
+    from t1_actors.chaos._audit_mutations import MUTATIONS, audit_mutations
+
+    out = audit_mutations(events, tmp_path)
+    assert out["audit_mutations"] == {"tried": len(MUTATIONS), "caught": len(MUTATIONS)}, out["audit_mutations_each"]
+    assert audit_events(events).clean  # the mutations worked on copies: the log itself is untouched
