@@ -7,7 +7,6 @@ longer than the heartbeat timeout, then checks the report against the log it was
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from _chaos import run_chaos_cli
 from storage import EventLog
 from t1_actors.chaos import NOT_TESTED, PHASES, ROLES, find_orphans, plan_faults
 from t1_actors.chaos._sections import SECTION_KEYS
@@ -86,13 +86,9 @@ def chaos_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("chaos")
     config = _micro_config(tmp, eval={"temperatures": [0.25, 0.5, 0.7, 1.0]})  # a final eval long enough for its fault
     run_dir = tmp / "run"
-    done = subprocess.run([sys.executable, "-m", "t1_actors.cli", "chaos", "--config", str(config), "--quick",
-                           "--kills", "1", "--pauses", "1", "--seed", "9", "--run-dir", str(run_dir), "--json", "--only", "campaign",
-                           "--timeout-s", "1200"], cwd=ROOT, capture_output=True, text=True, timeout=1500,
-                          env={**os.environ})
-    lines = done.stdout.strip().splitlines()
-    assert lines, done.stderr[-4000:]
-    return done.returncode, json.loads(lines[-1]), run_dir
+    code, report = run_chaos_cli("--config", str(config), "--quick", "--kills", "1", "--pauses", "1", "--seed", "9",
+                                 "--run-dir", str(run_dir), "--only", "campaign", "--timeout-s", "1200", timeout=1500)
+    return code, report, run_dir
 
 
 @pytest.mark.slow

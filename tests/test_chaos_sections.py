@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from _chaos import run_chaos_cli
 from t1_actors.backends._sandbox import cgroups
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
 from t1_actors.chaos._hostile import CASES, run_hostile
@@ -93,11 +94,8 @@ def test_every_hostile_command_is_contained_and_its_control_escapes(hostile):
 @pytest.fixture(scope="module")
 def tamper_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tamper") / "run"
-    done = subprocess.run([sys.executable, "-m", "t1_actors.cli", "chaos", "--only", "tamper", "--json",
-                           "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    lines = done.stdout.strip().splitlines()
-    assert lines, done.stderr[-4000:]
-    return done.returncode, json.loads(lines[-1]), run_dir
+    code, report = run_chaos_cli("--only", "tamper", "--run-dir", str(run_dir), timeout=600)
+    return code, report, run_dir
 
 
 @pytest.mark.slow
