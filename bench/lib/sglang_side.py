@@ -6,14 +6,13 @@ gets the same prompts, the same number of new tokens with EOS ignored (SGLang: `
 ids), T = 1, and the batch as one request (SGLang's ``/generate`` with a list of ``input_ids``: the server
 batches it; t1: ``generate`` with ``max_batch`` = the batch). Rows with routing capture on both sides (what
 a campaign runs) and off. Runs alternate (t1, SGLang, t1, ...) and each keeps its best wall time. SGLang's
-time includes its HTTP round trip, as a user's sampler pays it. The server's CPU use (all its processes,
-from /proc) is reported beside its figures: its CPU engine picks its own thread count, so the cores it
-used are stated rather than assumed equal to t1's.
+time includes its HTTP round trip, as a user's sampler pays it. The server's CPU use (its process tree,
+``cpu.tree_cpu``) is reported beside its figures: its CPU engine picks its own thread count, so the
+cores it used are stated rather than assumed equal to t1's.
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from t1_actors.policy import MoEPolicy
 from t1_actors.policy.sampling import SamplingParams, generate
 
+from .cpu import tree_cpu
 from .hf_generate import SHAPES
 
 
@@ -40,21 +40,6 @@ def _sglang(client, prompts, new_tokens: int, capture: bool) -> tuple[float, int
     reply = client.post("/generate", json=body).raise_for_status().json()
     seconds = time.perf_counter() - t0
     return seconds, sum(len(r["output_ids"]) for r in (reply if isinstance(reply, list) else [reply]))
-
-
-def _group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) of every live process in process group ``pgid``."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # fields after "(comm)": state ppid pgrp ... utime(11) stime(12)
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
 
 
 def compare(shape: str, prompts: list[list[int]], *, batches=(1, 32), new_tokens: int = 64,
@@ -87,9 +72,9 @@ def compare(shape: str, prompts: list[list[int]], *, batches=(1, 32), new_tokens
                     for _ in range(repeats):
                         best_t1, tokens["t1"] = _t1(policy, chosen, new_tokens, capture)
                         best["t1"] = min(best["t1"], best_t1)
-                        cpu = _group_cpu_s(server.pid)
+                        cpu = tree_cpu(server.pid)["total"]
                         seconds, tokens["sglang"] = _sglang(client, chosen, new_tokens, capture)
-                        server_cores.append((_group_cpu_s(server.pid) - cpu) / seconds)
+                        server_cores.append((tree_cpu(server.pid)["total"] - cpu) / seconds)
                         best["sglang"] = min(best["sglang"], seconds)
                     rate = {side: tokens[side] / best[side] for side in best}
                     rows[f"b{batch}_{'capture' if capture else 'no_capture'}"] = {
