@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -81,6 +82,35 @@ async def test_deadline_fires_and_is_handled(run_dir):
         assert (err.value.peer, err.value.op, err.value.deadline_s) == ("echo-0", "generic", 0.2)
         # the caller handled it and the actor is still fine
         assert isinstance(await peers("echo").call(Ping()), Pong)
+
+
+@trio_test
+async def test_a_call_after_an_abandoned_one_waits_without_spinning(run_dir, monkeypatch):
+    """A reply that comes after its call's deadline leaves nng's receive fd raised on that socket: the
+    next call on it would wake over and over with nothing to read, a busy loop for as long as the call
+    takes (~10k wake-ups in 300 ms, measured). The abandoned socket is renewed instead."""
+    from t1_actors.runtime import nngraw
+
+    receive_times: list[float] = []
+    real = nngraw._try_recv_body
+
+    def counted(sock, msg_p):
+        receive_times.append(time.perf_counter())
+        return real(sock, msg_p)
+
+    monkeypatch.setattr(nngraw, "_try_recv_body", counted)
+    config = make_config(run_dir, ("echo-0", "echo", EchoActor))
+    async with actors_running(config, CLASSES) as peers:
+        for _ in range(3):
+            with pytest.raises(DeadlineExceeded):
+                await peers("echo").call(Generic(op="sleep", args={"s": 0.2}), deadline_s=0.02)
+            await trio.sleep(0.4)  # the late reply arrives
+            settled = time.perf_counter() + 0.1  # a new connection may wake its waiter a few times at first
+            reply = await peers("echo").call(Generic(op="sleep", args={"s": 0.4}), deadline_s=5)
+            assert reply.op == "slept"
+            later = sum(t > settled for t in receive_times)
+            assert later <= 2, f"{later} receive attempts in the last 0.3 s of one call: a busy loop on a raised fd"
+            receive_times.clear()
 
 
 @trio_test

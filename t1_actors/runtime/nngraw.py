@@ -195,14 +195,25 @@ class RawRep:
 
 class PolledReq:
     """One cooked Req0 socket: one request at a time, woken through trio's epoll (not pynng's
-    callback thread, whose hop doubles a round trip)."""
+    callback thread, whose hop doubles a round trip).
+
+    A request that ends without its reply (deadline, cancellation) leaves the socket unfit for reuse:
+    nng stashes the late reply and raises the receive fd, and the next request's reset frees that reply
+    but leaves the fd raised (req0_ctx_reset does not clear it), so each wait of the next request would
+    wake at once with nothing to read, a busy loop for as long as that request takes (11,574 wake-ups in
+    300 ms, measured). The next request therefore opens a new socket first."""
 
     def __init__(self, address: str, max_bytes: int, spin_s: float = 0.0):
-        self.sock = pynng.Req0(recv_max_size=max_bytes, resend_time=_NO_RESEND_MS)
-        self.sock.dial(address, block=False)  # connects (and reconnects) in the background
-        self.recv_fd, self.send_fd = self.sock.recv_fd, self.sock.send_fd
+        self._address, self._max_bytes = address, max_bytes
         self._spin = Spin(spin_s)
         self._msg_p = ffi.new("nng_msg **")
+        self._open()
+
+    def _open(self) -> None:
+        self.sock = pynng.Req0(recv_max_size=self._max_bytes, resend_time=_NO_RESEND_MS)
+        self.sock.dial(self._address, block=False)  # connects (and reconnects) in the background
+        self.recv_fd, self.send_fd = self.sock.recv_fd, self.sock.send_fd
+        self._abandoned = False
 
     def _try_send(self, frame: bytes) -> bool | None:
         try:
@@ -217,8 +228,10 @@ class PolledReq:
     async def request(self, frame: bytes, deadline: float) -> bytes | None:
         """Send ``frame`` and return the reply; None once ``deadline`` (trio's clock) has passed. A reply
         that comes while polling costs no cancel scope (the deadline bounds the poll instead)."""
-        # A new request on a cooked Req0 socket abandons any earlier one (e.g. one whose deadline
-        # passed): its late reply is discarded by nng, so a socket is reusable after a cancel.
+        if self._abandoned:
+            self.close()
+            self._open()
+        self._abandoned = True  # until the reply is in hand
         if self._try_send(frame) is None:
             with trio.move_on_at(deadline) as sending:
                 await wait_for(lambda: self._try_send(frame), self.send_fd)
@@ -227,10 +240,13 @@ class PolledReq:
         now = trio.current_time()
         reply = poll(self._try_recv, self._spin, min(deadline, trio.current_effective_deadline()) - now)
         if reply is not None:
+            self._abandoned = False
             await fair_share()
             return reply
         with trio.move_on_at(deadline):
-            return await wait_for(self._try_recv, self.recv_fd)
+            reply = await wait_for(self._try_recv, self.recv_fd)
+            self._abandoned = False
+            return reply
         return None
 
     def close(self) -> None:
