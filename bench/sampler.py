@@ -78,6 +78,17 @@ def _multi_turn(model, prompts, params, prefix_cache_tokens: int, turns: int = 3
     return time.process_time() - cpu, tokens
 
 
+def _print_engine_rows(engine: str, key: str, results: dict[str, dict]) -> None:
+    """One line per shape and row of a serving engine's comparison (``key``: its prefix in the row's figures)."""
+    for shape, result in results.items():
+        if "absent" in result:
+            print(f"vs {engine}, {shape}: not measured: {result['absent'].splitlines()[0]}")
+        for row, figures in result.get("rows", {}).items():
+            print(f"vs {engine} {result[key + '_version']} (CPU), {shape} ({result['parameters_m']} M), {row}: t1 "
+                  f"{figures['t1_tok_s']} tok/s, {engine} {figures[key + '_tok_s']} (on "
+                  f"{figures[key + '_cores_used']} cores) -> x{figures['ratio']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=32)
@@ -146,22 +157,10 @@ def main() -> None:
                   f"-> x{figures['ratio']}")
     vs_sglang = {shape: sglang_side.compare(shape, prompts, new_tokens=args.new_tokens, repeats=args.hf_repeats)
                  for shape in args.vs_sglang}
-    for shape, result in vs_sglang.items():
-        if "absent" in result:
-            print(f"vs SGLang, {shape}: not measured: {result['absent']}")
-        for row, figures in result.get("rows", {}).items():
-            print(f"vs SGLang {result['sglang_version']} (CPU), {shape} ({result['parameters_m']} M), {row}: t1 "
-                  f"{figures['t1_tok_s']} tok/s, SGLang {figures['sglang_tok_s']} (on {figures['sglang_cores_used']} "
-                  f"cores) -> x{figures['ratio']}")
+    _print_engine_rows("SGLang", "sglang", vs_sglang)
     vs_vllm = {shape: vllm_side.compare(shape, prompts, new_tokens=args.new_tokens, repeats=args.hf_repeats)
                for shape in args.vs_vllm}
-    for shape, result in vs_vllm.items():
-        if "absent" in result:
-            print(f"vs vLLM, {shape}: not measured: {result['absent'].splitlines()[0]}")
-        for row, figures in result.get("rows", {}).items():
-            print(f"vs vLLM {result['vllm_version']} (CPU), {shape} ({result['parameters_m']} M), {row}: t1 "
-                  f"{figures['t1_tok_s']} tok/s, vLLM {figures['vllm_tok_s']} (on {figures['vllm_cores_used']} "
-                  f"cores) -> x{figures['ratio']}")
+    _print_engine_rows("vLLM", "vllm", vs_vllm)
     measured = [r["vs_sglang_cpu"] for r in vs_sglang.values() if "vs_sglang_cpu" in r]
     absent = "; ".join(sorted({r["absent"] for r in vs_sglang.values() if "absent" in r})) or None
     vllm_measured = {shape: r["vs_vllm_cpu"] for shape, r in vs_vllm.items() if "vs_vllm_cpu" in r}

@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.lib import vllm_side  # noqa: E402
+from t1_actors.backends.sglang_server import group_alive  # noqa: E402
 from t1_actors.policy import ModelConfig, MoEPolicy  # noqa: E402
 
 # heads 32 wide: vLLM's CPU attention has kernels for 32, 64, 80, ... only (not the campaign policy's 40)
@@ -59,4 +60,4 @@ def test_the_real_server_serves_token_ids_with_the_requested_new_tokens(tmp_path
         assert reply["usage"] == {**reply["usage"], "prompt_tokens": 13, "completion_tokens": 21}
         # the helper the bench times goes through the same endpoint
         assert [len(o) for o in server.complete(client, prompts, 3)] == [3, 3, 3]
-    assert not vllm_side.group_alive(group)  # API server, engine core and worker all stopped
+    assert not group_alive(group)  # API server, engine core and worker all stopped

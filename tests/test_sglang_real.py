@@ -287,7 +287,7 @@ def test_a_server_stops_when_the_process_that_started_it_is_killed(tmp_path):
     import sys
     import time
 
-    from t1_actors.backends.sglang_server import _group_alive
+    from t1_actors.backends.sglang_server import group_alive
 
     _policy(3).save(tmp_path / "policy")
     script = ("import sys, time\n"
@@ -303,9 +303,9 @@ def test_a_server_stops_when_the_process_that_started_it_is_killed(tmp_path):
         starter.send_signal(signal.SIGKILL)
         starter.wait()
     deadline = time.monotonic() + 30
-    while _group_alive(int(pid)) and time.monotonic() < deadline:
+    while group_alive(int(pid)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _group_alive(int(pid)), f"the server's process group {pid} outlived the process that started it"
+    assert not group_alive(int(pid)), f"the server's process group {pid} outlived the process that started it"
     with pytest.raises(httpx.TransportError):
         httpx.get(url + "/health", timeout=5)
 

@@ -29,8 +29,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -38,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from t1_actors.backends.sglang_server import free_port, stop_group, wait_healthy
 from t1_actors.policy import MoEPolicy
 from t1_actors.policy.sampling import SamplingParams, generate
 
@@ -69,12 +68,6 @@ def check_venv(venv: Path) -> Path:
     if not list((venv / "lib").glob("python3*/site-packages/vllm/__init__.py")):
         raise VLLMServerError(f"the venv at {venv} has no vllm package; {SETUP_HINT}")
     return python
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def server_env(kv_cache_gib: int = 1) -> dict[str, str]:
@@ -140,22 +133,8 @@ class VLLMServer:
         return httpx.get(f"{self.url}{path}", timeout=30.0).raise_for_status().json()
 
     def _wait_healthy(self, timeout_s: float) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            code = self.process.poll()
-            if code is not None:
-                raise VLLMServerError(f"vLLM server for {self.url} exited with status {code} before it was healthy; "
-                                      f"{self.failure()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass  # not listening yet
-            if time.monotonic() > deadline:
-                raise VLLMServerError(f"vLLM server at {self.url} not healthy after {timeout_s:.0f} s; {self.failure()}")
-            time.sleep(0.5)
+        if (problem := wait_healthy(self.process, self.url, timeout_s)) is not None:
+            raise VLLMServerError(f"vLLM server {problem}; {self.failure()}")
 
     def complete(self, client, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
         """The new token ids of each prompt, the batch as one ``/v1/completions`` request (T = 1, top-p 1, EOS
@@ -199,43 +178,13 @@ class VLLMServer:
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM to the process group, SIGKILL to whatever is left after ``grace_s``; idempotent."""
         _RUNNING.discard(self)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                continue
-            if not group_alive(self.process.pid):
-                break
-            time.sleep(0.5)  # the leader exited; give its children a moment, then kill the rest
-        self.process.poll()
+        stop_group(self.process, grace_s)
 
     def __enter__(self) -> "VLLMServer":
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` other than a zombie still runs."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if int(group) == pgid and state != "Z":
-            return True
-    return False
 
 
 _RUNNING: set[VLLMServer] = set()

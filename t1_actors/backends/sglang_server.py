@@ -170,21 +170,8 @@ class SGLangServer:
         return server
 
     def _wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            code = self.process.poll()
-            if code is not None:
-                raise SGLangServerError(f"SGLang server for {self.url} exited with status {code} before it was "
-                                        f"healthy; log {self.log_path}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass  # not listening yet
-            if time.monotonic() > deadline:
-                raise SGLangServerError(f"SGLang server at {self.url} not healthy after {timeout_s:.0f} s; "
-                                        f"log {self.log_path}:\n{self.log_tail()}")
-            time.sleep(0.5)
+        if (problem := wait_healthy(self.process, self.url, timeout_s)) is not None:
+            raise SGLangServerError(f"SGLang server {problem}; log {self.log_path}:\n{self.log_tail()}")
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -198,19 +185,7 @@ class SGLangServer:
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM to the process group, SIGKILL to whatever is left after ``grace_s``; idempotent."""
         _RUNNING.discard(self)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break  # the group is gone
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                continue
-            if not _group_alive(self.process.pid):
-                break
-            time.sleep(0.5)  # the leader exited; give its children a moment, then kill the rest
-        self.process.poll()
+        stop_group(self.process, grace_s)
 
     def kill(self) -> None:
         """SIGKILL the whole group at once (a crash, as tests and fault drills need it)."""
@@ -228,7 +203,43 @@ class SGLangServer:
         self.stop()
 
 
-def _group_alive(pgid: int) -> bool:
+def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float) -> str | None:
+    """Poll ``url``/health until it answers 200 (None), the process exits or ``timeout_s`` passes (what went
+    wrong, as the end of a sentence naming the server)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        code = process.poll()
+        if code is not None:
+            return f"for {url} exited with status {code} before it was healthy"
+        try:
+            if httpx.get(f"{url}/health", timeout=5.0).status_code == 200:
+                return None
+        except httpx.HTTPError:
+            pass  # not listening yet
+        if time.monotonic() > deadline:
+            return f"at {url} not healthy after {timeout_s:.0f} s"
+        time.sleep(0.5)
+
+
+def stop_group(process: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM to ``process``'s group (it leads one: ``start_new_session``), SIGKILL to whatever is left after
+    ``grace_s``; idempotent."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break  # the group is gone
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            continue
+        if not group_alive(process.pid):
+            break
+        time.sleep(0.5)  # the leader exited; give its children a moment, then kill the rest
+    process.poll()
+
+
+def group_alive(pgid: int) -> bool:
     """Whether a process of group ``pgid`` still runs (a zombie does not: it only waits to be reaped, which
     a container's init may never do)."""
     try:
