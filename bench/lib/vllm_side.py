@@ -27,7 +27,6 @@ happens; a server that exits or is not healthy by the start deadline is an error
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import subprocess
 import tempfile
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from t1_actors.backends.sglang_server import free_port, stop_group, wait_healthy
+from t1_actors.backends.sglang_server import checkpoint_dtype, free_port, stop_group, wait_healthy
 from t1_actors.policy import MoEPolicy
 from t1_actors.policy.sampling import SamplingParams, generate
 
@@ -103,8 +102,7 @@ class VLLMServer:
               start_timeout_s: float = 300.0) -> "VLLMServer":
         """Spawn the server and wait for ``/health``; stopped again before any error is raised."""
         policy_dir = Path(policy_dir).resolve()
-        config = json.loads((policy_dir / "config.json").read_text())
-        dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+        dtype = checkpoint_dtype(policy_dir)
         python = check_venv(vllm_venv(venv))
         port = free_port()
         log_path = Path(log_path or Path(tempfile.mkdtemp(prefix="t1-vllm-")) / "server.log")

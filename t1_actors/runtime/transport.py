@@ -5,8 +5,9 @@ its own trio task, so a slow handler never holds up a heartbeat or a ping. A cal
 of Req0 sockets per peer, one per call in flight; the call runs under a deadline and a miss raises
 ``DeadlineExceeded`` (the request is abandoned, nothing hangs, and its socket is renewed before its next
 call: nngraw.PolledReq). Both sides first busy-poll for a moment (``[transport] poll_spin_us``, bounded
-by the deadline, backing off when it does not pay) and then wait on nng's pollable fds in trio's own epoll, never through pynng's callback thread: each
-park-and-wake through the fds costs about a raw round trip on a small machine (nngraw.py).
+by the deadline, backing off when it does not pay) and then wait on nng's pollable fds in trio's own
+epoll, never through pynng's callback thread: each park-and-wake through the fds costs about a raw round
+trip on a small machine (nngraw.py).
 
 Bulk: each actor also listens on a Pull0 socket; senders Push0 to it. A push waits for the receiver
 as long as it takes (weights, trajectories: no control-plane deadline) and the receiver handles bulk
