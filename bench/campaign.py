@@ -35,6 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from t1_actors.rollout.admission import StalenessConfig
+from t1_actors.schedule import CampaignConfig
+from t1_actors.tasks.config import TasksConfig
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -59,15 +63,16 @@ def micro_data(work: Path, sft_steps: int | None) -> dict:
 
 def train_sft(data: dict, run_dir: Path) -> Path:
     """Phases 1-3 of the campaign (corpus, tokenizer, SFT) into ``run_dir``: what ``warm_start_from`` reads."""
-    from t1_actors.config import parse_config, write_resolved
+    from t1_actors.job.config import parse_config
     from t1_actors.job.main import _with_vocab
     from t1_actors.job.sft import publish_initial_policy, train_run_tokenizer, warm_start
+    from t1_actors.runtime.config import write_resolved
     from t1_actors.tasks import build_task_sets
 
     config = parse_config(data, "bench")
     run_dir.mkdir(parents=True, exist_ok=True)
-    tasks = build_task_sets(config.section("tasks"))
-    tokenizer = train_run_tokenizer(run_dir, tasks.sft, config.section("campaign").tokenizer_vocab)
+    tasks = build_task_sets(config.section(TasksConfig))
+    tokenizer = train_run_tokenizer(run_dir, tasks.sft, config.section(CampaignConfig).tokenizer_vocab)
     config = _with_vocab(config, tokenizer.vocab_size)
     policy, _report = warm_start(config, tasks, tokenizer)
     publish_initial_policy(run_dir, policy)
@@ -78,7 +83,7 @@ def train_sft(data: dict, run_dir: Path) -> Path:
 def bench_config(base: dict, sft_run: Path, work: Path, steps: int, batch: int | None):
     """The one config both sides run: the base run's, warm-started from its SFT policy, ``steps`` PPO
     steps, a small eval split and a one-temperature protocol (evals are not timed), fresh scratch dirs."""
-    from t1_actors.config import parse_config
+    from t1_actors.job.config import parse_config
 
     data = json.loads(json.dumps(base))
     data["run"]["dir"] = str(work / "campaign")
@@ -135,9 +140,8 @@ def run_campaign(config_path: Path, run_dir: Path, steps: int, timeout_s: float)
     """``t1-actor launch`` on the config, its process tree's CPU seconds snapshotted when the log shows
     the first training trial and policy version ``steps`` (polled every half second); returns its exit
     code, output tail and the CPU the RL window took, by role."""
-    from storage import EventLog
-
     from bench.lib.cpu import spent, tree_cpu
+    from storage import EventLog
 
     started = time.monotonic()
     output = open(run_dir.parent / "campaign.out", "w+")
@@ -175,8 +179,7 @@ def run_campaign(config_path: Path, run_dir: Path, steps: int, timeout_s: float)
 def campaign_side(run_dir: Path, steps: int) -> dict:
     """The campaign's RL figures and time shares, from its log alone."""
     from storage import EventLog
-
-    from tools.time_shares import rl_figures, rl_window, time_shares
+    from tools._report.time_shares import rl_figures, rl_window, time_shares
 
     log = EventLog.open(run_dir / "log")
     return {**rl_figures(log, steps), **time_shares(log, rl_window(log, steps))}
@@ -216,13 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         result["sft_run"] = str(sft_run) if args.run else "trained by the bench (micro corpus, --quick recipe)"
         result["sft_seconds"] = round(time.monotonic() - started, 1)
         config = bench_config(base, sft_run, work, args.steps, args.batch)
-        staleness = config.section("staleness")
+        staleness = config.section(StalenessConfig)
         result["config"] = {"batch_size": staleness.batch_size, "oversample": staleness.oversample,
                             "max_staleness": staleness.max_staleness, "on_cancel": staleness.on_cancel,
                             "group_size": staleness.group_size,
-                            "warmup_trials": config.section("campaign").warmup_trials,
-                            "max_turns": config.section("campaign").max_turns,
-                            "max_new_tokens": config.section("campaign").max_new_tokens}
+                            "warmup_trials": config.section(CampaignConfig).warmup_trials,
+                            "max_turns": config.section(CampaignConfig).max_turns,
+                            "max_new_tokens": config.section(CampaignConfig).max_new_tokens}
         config_path = work / "bench-config.toml"
         config_path.write_text(to_toml(config.to_jsonable()))
 

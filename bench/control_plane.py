@@ -46,15 +46,14 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.lib.ray_side import RaySide  # noqa: E402
 from schemas import decode, encode  # noqa: E402
 from schemas.messages import Generic, Ping  # noqa: E402
-from t1_actors.config import parse_config  # noqa: E402
+from t1_actors.job.config import parse_config  # noqa: E402
 from t1_actors.runtime import Actor, connect, handles  # noqa: E402
 from t1_actors.runtime.auth import REQUEST, Sealer  # noqa: E402
 from t1_actors.runtime.memory import keep_freed_buffers  # noqa: E402
 from t1_actors.runtime.wire import pack_envelope  # noqa: E402
-
-from bench.lib.ray_side import RaySide  # noqa: E402
 
 KEY = "bench-key-0123456789abcdef"
 PAYLOAD = b"x" * 256  # a small control message, like a heartbeat or a cancel
@@ -139,7 +138,7 @@ def serve_bare(address: str, spin_s: float) -> None:
 
 
 def serve_actor_process(config_path: str) -> None:
-    from t1_actors.config import load_config
+    from t1_actors.job.config import load_config
     from t1_actors.runtime import run_actor_process
 
     sys.exit(run_actor_process(BenchEcho, load_config(config_path), "bench-0"))

@@ -25,7 +25,7 @@ from t1_actors.backends.torch_learner import TorchLearner, collate  # noqa: E402
 from t1_actors.policy.config import ModelConfig  # noqa: E402
 from t1_actors.policy.model import MoEPolicy  # noqa: E402
 from t1_actors.policy.routing import routing_to_numpy  # noqa: E402
-from t1_actors.ppo import PPOConfig  # noqa: E402
+from t1_actors.train.ppo import PPOConfig  # noqa: E402
 
 
 @torch.no_grad()

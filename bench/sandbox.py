@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig  # noqa: E402
 from t1_actors.tasks.model import Environment, FileSpec, Task  # noqa: E402
 from t1_actors.tasks.model import Tests as TaskTests  # noqa: E402
-from t1_actors.verification import Verifier, VerifierConfig  # noqa: E402
+from t1_actors.verify.engine import Verifier, VerifierConfig  # noqa: E402
 
 COMMANDS = ["echo hello", "ls /app", "cat /app/in.txt | wc -c", "mkdir -p /app/d && touch /app/d/f", "true"]
 TESTS = "\n".join(f"def test_{i}():\n    assert open('/app/in.txt').read().startswith('line')\n" for i in range(4))

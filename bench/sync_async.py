@@ -23,6 +23,9 @@ import json
 import sys
 from pathlib import Path
 
+from t1_actors.rollout.admission import StalenessConfig
+from t1_actors.schedule import CampaignConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
@@ -66,15 +69,15 @@ def main(argv: list[str] | None = None) -> int:
 
     probes = [json.loads(Path(p).read_text().strip().splitlines()[-1]) for p in args.probe_report]
     for report in probes:
-        if Path(report["run"]).resolve() != base.resolve() or len(report["steps"]) != config.section("campaign").rl_steps:
+        if Path(report["run"]).resolve() != base.resolve() or len(report["steps"]) != config.section(CampaignConfig).rl_steps:
             print(json.dumps({"error": f"--probe-report of {report['run']} with {len(report['steps'])} steps is not "
                                        f"the probe of {base} at its campaign's {config.section('campaign').rl_steps} steps"}))
             return 2
     for seed in range(len(probes), args.probe_seeds if not probes else len(probes)):
-        probe_args = argparse.Namespace(ckpt="weights/v00000", steps=config.section("campaign").rl_steps,
-                                        tasks=config.section("staleness").batch_size
-                                        // config.section("staleness").group_size,
-                                        group=config.section("staleness").group_size, eval_tasks=10 ** 6,
+        probe_args = argparse.Namespace(ckpt="weights/v00000", steps=config.section(CampaignConfig).rl_steps,
+                                        tasks=config.section(StalenessConfig).batch_size
+                                        // config.section(StalenessConfig).group_size,
+                                        group=config.section(StalenessConfig).group_size, eval_tasks=10 ** 6,
                                         eval_every=0, seed=seed, threads=args.threads)
         report = trio.run(run_probe, probe_args, base, config, lambda line: print(line, file=sys.stderr))
         probes.append(report)

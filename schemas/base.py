@@ -112,7 +112,7 @@ class Record(BaseModel):
         if cached is None:
             cached = {name: spec for name, info in cls.model_fields.items()
                       if (spec := _find_spec(info.annotation, info.metadata)) is not None}
-            setattr(cls, "_array_fields_cache", cached)
+            cls._array_fields_cache = cached
         return cached
 
     def header(self) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from .base import Record, SchemaError
-from .registry import lookup
+from schemas.base import Record, SchemaError
+from schemas.registry import lookup
 
 _ARRAY_EXT = 1
 _ALLOWED_DTYPES = {

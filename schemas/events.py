@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import Array, Record, RoutingArray
-from .registry import register
+from schemas.base import Array, Record, RoutingArray
+from schemas.registry import register
 
 
 class Event(Record):
@@ -69,7 +69,7 @@ class SamplerTurn(Event):
     error: str | None = None
 
     def model_post_init(self, _ctx) -> None:
-        from .base import SchemaError
+        from schemas.base import SchemaError
 
         n = len(self.sampled_ids)
         if len(self.sampler_logprobs) != n:
@@ -159,7 +159,7 @@ class TrajectoryAssembled(Event):
     turns: int = Field(ge=0)
 
     def model_post_init(self, _ctx) -> None:
-        from .base import SchemaError
+        from schemas.base import SchemaError
 
         n = len(self.token_ids)
         for name in ("loss_mask", "sampler_logprobs", "token_versions"):

@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .base import Array, Record, RoutingArray
-from .registry import register
+from schemas.base import Array, Record, RoutingArray
+from schemas.registry import register
 
 
 class Message(Record):

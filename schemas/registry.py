@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from .base import Record, SchemaError
+from schemas.base import Record, SchemaError
 
 _REGISTRY: dict[str, type[Record]] = {}
 

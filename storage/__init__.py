@@ -36,11 +36,11 @@ event (time, kind, trial id) and decode headers and payloads on demand; consecut
 together (one read per array, up to ``read_block_bytes``) and their arrays share that block.
 """
 
-from ._cursor import Cursor
-from ._log import EventLog, log_exists, parse_event_id
-from ._writer import SegmentWriter
-from .config import StorageConfig
-from .errors import CorruptionError, DiskFull, EventRejected, LogError, LogNotFound, WriterBusy
+from storage._cursor import Cursor
+from storage._log import EventLog, log_exists, parse_event_id
+from storage._writer import SegmentWriter
+from storage.config import StorageConfig
+from storage.errors import CorruptionError, DiskFull, EventRejected, LogError, LogNotFound, WriterBusy
 
 __all__ = ["EventLog", "SegmentWriter", "Cursor", "StorageConfig", "parse_event_id", "log_exists",
            "LogError", "LogNotFound", "WriterBusy", "EventRejected", "CorruptionError", "DiskFull"]

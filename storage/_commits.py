@@ -25,11 +25,11 @@ import weakref
 
 import google_crc32c
 
-from . import _store
-from ._format import COMMIT_BATCH, commit_key, segment_dir
-from ._lease import conditional_put, is_s3
-from ._packed import PackedStore, pwrite_all
-from .errors import CorruptionError, WriterBusy
+from storage import _store
+from storage._format import COMMIT_BATCH, commit_key, segment_dir
+from storage._lease import conditional_put, is_s3
+from storage._packed import PackedStore, pwrite_all
+from storage.errors import CorruptionError, WriterBusy
 
 COMMIT_FILE = "commits.log"
 MAGIC = b"T1cmts\x02\n"  # the file's first bytes: frames with a header checksum (framing 2)

@@ -10,14 +10,14 @@ import trio
 from schemas.events import Event
 
 if TYPE_CHECKING:
-    from ._log import EventLog
+    from storage._log import EventLog
 
 
 class Cursor:
     """Tails the log. ``position`` maps each writer id to the number of its events already consumed;
     it is plain JSON. Save it after handling a batch; a cursor made from it resumes right after."""
 
-    def __init__(self, log: "EventLog", position: Mapping[str, int] | None, *, kinds: frozenset[str] | None):
+    def __init__(self, log: EventLog, position: Mapping[str, int] | None, *, kinds: frozenset[str] | None):
         self._log = log
         self._kinds = kinds
         self._position: dict[str, int] = {}

@@ -32,9 +32,8 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from schemas.base import dtype_name
-
-from ._packed import PACKED_ATTR, PackedStore, packable
-from .config import StorageConfig
+from storage._packed import PACKED_ATTR, PackedStore, packable
+from storage.config import StorageConfig
 
 FORMAT = 2  # 2: CRC-32C, per-piece payload checksums in event headers, packed chunks on directories
 HEADERS = "headers"
@@ -96,7 +95,7 @@ class RoutingShape:
         return {"layers": self.layers, "k": self.k, "num_experts": self.num_experts, "dtype": self.dtype.name}
 
     @classmethod
-    def from_attrs(cls, attrs: dict | None) -> "RoutingShape | None":
+    def from_attrs(cls, attrs: dict | None) -> RoutingShape | None:
         return None if not attrs else cls(int(attrs["layers"]), int(attrs["k"]), int(attrs["num_experts"]))
 
 
@@ -120,7 +119,7 @@ class Commit:
         return msgpack.packb([FORMAT, body, zlib.crc32(body)], use_bin_type=True)
 
     @classmethod
-    def decode(cls, data: bytes) -> "Commit":
+    def decode(cls, data: bytes) -> Commit:
         """Parse a commit record; ValueError if it is damaged or of an unknown format."""
         try:
             fmt, body, crc = msgpack.unpackb(data, raw=False)

@@ -33,7 +33,7 @@ import uuid
 
 from zarr.core.sync import sync
 
-from .errors import LogError, WriterBusy
+from storage.errors import LogError, WriterBusy
 
 LEASE_FILE = "writer.lease"
 DEFAULT_LEASE_S = 30.0

@@ -15,14 +15,13 @@ import trio
 import zarr
 
 from schemas.events import Event
-
-from . import _store
-from ._cursor import Cursor
-from ._format import FORMAT, RoutingShape
-from ._reader import SegmentReader
-from ._writer import SegmentWriter
-from .config import StorageConfig
-from .errors import LogError, LogNotFound
+from storage import _store
+from storage._cursor import Cursor
+from storage._format import FORMAT, RoutingShape
+from storage._reader import SegmentReader
+from storage._writer import SegmentWriter
+from storage.config import StorageConfig
+from storage.errors import LogError, LogNotFound
 
 T = TypeVar("T")
 _EVENTS_PER_READ = 64  # events() reads ahead this many (read_block_bytes bounds each read)
@@ -59,7 +58,7 @@ class EventLog:
         self._lock = threading.RLock()
 
     @classmethod
-    def open(cls, location: Any, *, create: bool = False, config: StorageConfig | None = None) -> "EventLog":
+    def open(cls, location: Any, *, create: bool = False, config: StorageConfig | None = None) -> EventLog:
         """Open the log at a directory, an fsspec URL or a zarr store; ``create`` makes it if absent."""
         store = _store.open_store(location)
         where = _store.describe(store)
@@ -200,7 +199,7 @@ class EventLog:
     # -- trio ----------------------------------------------------------------------------------
 
     @classmethod
-    async def aopen(cls, location: Any, *, create: bool = False, config: StorageConfig | None = None) -> "EventLog":
+    async def aopen(cls, location: Any, *, create: bool = False, config: StorageConfig | None = None) -> EventLog:
         return await trio.to_thread.run_sync(functools.partial(cls.open, location, create=create, config=config))
 
     async def awriter(self, writer_id: str, *, routing_shape: tuple[int, int] | None = None,

@@ -16,13 +16,12 @@ import zarr
 
 from schemas import Record, SchemaError, unpack
 from schemas.codec import from_wire
-
-from ._commits import commit_channel
-from ._format import HEADERS, ROUTING, Commit, crc32c, segment_dir
-from ._packed import PackedStore
-from ._rows import PackedRows, ZarrRows
-from .config import StorageConfig
-from .errors import CorruptionError
+from storage._commits import commit_channel
+from storage._format import HEADERS, ROUTING, Commit, crc32c, segment_dir
+from storage._packed import PackedStore
+from storage._rows import PackedRows, ZarrRows
+from storage.config import StorageConfig
+from storage.errors import CorruptionError
 
 
 class EventMeta(NamedTuple):

@@ -9,8 +9,8 @@ import weakref
 import numpy as np
 import zarr
 
-from ._packed import PackLayout, pread_into
-from .errors import CorruptionError
+from storage._packed import PackLayout, pread_into
+from storage.errors import CorruptionError
 
 
 class ZarrRows:

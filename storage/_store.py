@@ -24,8 +24,8 @@ from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from ._packed import PackedStore
-from .errors import WriterBusy
+from storage._packed import PackedStore
+from storage.errors import WriterBusy
 
 WRITER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -39,7 +39,7 @@ def open_store(location: Any) -> Store:
     if isinstance(location, (str, os.PathLike)):
         text = os.fspath(location)
         if "://" in text and not text.startswith("file://"):
-            from ._lease import check_bucket, is_s3
+            from storage._lease import check_bucket, is_s3
 
             options = None
             if text.startswith(("s3://", "s3a://")):
@@ -170,7 +170,7 @@ class WriterLock:
     _guard = threading.Lock()
 
     def __init__(self, store: Store, segment_dir: str, writer_id: str, *, lease_s: float = 30.0):
-        from ._lease import S3Lease, is_s3
+        from storage._lease import S3Lease, is_s3
 
         self._key = (id(store), writer_id)
         self._fd: int | None = None

@@ -9,9 +9,9 @@ import os
 import numpy as np
 import zarr
 
-from ._format import crc32c
-from ._packed import PackLayout, pwrite_all, reserve, reserve_pays
-from ._store import fsync_path
+from storage._format import crc32c
+from storage._packed import PackLayout, pwrite_all, reserve, reserve_pays
+from storage._store import fsync_path
 
 
 class ChunkStream:

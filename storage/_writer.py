@@ -14,14 +14,23 @@ import zarr
 
 from schemas import SchemaError, known_kinds, lookup, pack
 from schemas.events import Event
-
-from . import _store
-from ._format import HEADERS, ROUTING, Commit, RoutingShape, crc32c, create_array, pieces, segment_dir, stream_name
-from ._packed import PackedStore
-from ._reader import SegmentReader
-from ._streams import ChunkStream, PackedStream
-from .config import StorageConfig
-from .errors import DiskFull, EventRejected, LogError
+from storage import _store
+from storage._format import (
+    HEADERS,
+    ROUTING,
+    Commit,
+    RoutingShape,
+    crc32c,
+    create_array,
+    pieces,
+    segment_dir,
+    stream_name,
+)
+from storage._packed import PackedStore
+from storage._reader import SegmentReader
+from storage._streams import ChunkStream, PackedStream
+from storage.config import StorageConfig
+from storage.errors import DiskFull, EventRejected, LogError
 
 
 class SegmentWriter:
@@ -284,7 +293,7 @@ class SegmentWriter:
             raise LogError(f"writer {self.writer_id!r} failed earlier ({self._broken}); close it and reopen "
                            "log.writer(...) to resume from the last commit")
 
-    def __enter__(self) -> "SegmentWriter":
+    def __enter__(self) -> SegmentWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -318,7 +327,7 @@ class SegmentWriter:
                 if self.pending and self._broken is None and self._holder is not None:
                     await self.acommit()
 
-    async def __aenter__(self) -> "SegmentWriter":
+    async def __aenter__(self) -> SegmentWriter:
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:

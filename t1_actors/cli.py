@@ -15,20 +15,22 @@ import argparse
 import os
 import sys
 
-from . import __version__
+from t1_actors import __version__
 
 _COMMANDS = ("launch", "check", "run-task", "eval", "chaos")
 
 
-def _role_table() -> dict[str, str]:
-    from .runtime.roles import ROLES
+def _role_table() -> dict[str, type]:
+    # imported when a role or launch needs it: run-task, eval and --help start without torch
+    from t1_actors.job.roles import ROLES
 
     return ROLES
 
 
 def _parser() -> argparse.ArgumentParser:
     roles = _role_table()
-    epilog = "roles:\n" + "\n".join(f"  {role:<10} {target}" for role, target in roles.items())
+    epilog = "roles:\n" + "\n".join(f"  {role:<10} {cls.__module__}:{cls.__qualname__}"
+                                   for role, cls in roles.items())
     epilog += ("\n\nany other role configured with actor_class = 'module:Class' runs the same way: "
                "t1-actor ROLE --config run.toml --name NAME")
     parser = argparse.ArgumentParser(prog="t1-actor", description="Launch and run t1 actors.", epilog=epilog,
@@ -70,15 +72,15 @@ def _add_role(sub, role: str) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "run-task":
-        from .run_task import main as run_task
+        from t1_actors.run_task import main as run_task
 
         return run_task(argv[1:])
     if argv and argv[0] == "eval":
-        from .task_eval import main as task_eval
+        from t1_actors.task_eval import main as task_eval
 
         return task_eval(argv[1:])
     if argv and argv[0] == "chaos":
-        from .chaos import main as chaos
+        from tools.chaos import main as chaos
 
         return chaos(argv[1:])
     parser = _parser()
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    from .config import ConfigError
+    from t1_actors.runtime.config import ConfigError
 
     try:
         if args.command == "launch":
@@ -102,14 +104,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_classes(config, specs) -> None:
-    from .runtime.roles import actor_class
+    from t1_actors.runtime.roles import actor_class
 
     for spec in specs:
-        actor_class(spec).validate_options(spec)
+        actor_class(spec, _role_table()).validate_options(spec)
 
 
 def _check(args) -> int:
-    from .config import load_config
+    from t1_actors.job.config import load_config
 
     config = load_config(args.config, quick=args.quick)
     _check_classes(config, config.actors)
@@ -128,9 +130,9 @@ def _is_campaign(path: str) -> bool:
 
 
 def _campaign(args) -> int:
-    from .job.main import load_campaign_config, run_campaign
-    from .config import ConfigError
-    from .runtime.logs import configure_logging
+    from t1_actors.job.main import load_campaign_config, run_campaign
+    from t1_actors.runtime.config import ConfigError
+    from t1_actors.runtime.logs import configure_logging
 
     config = load_campaign_config(args.config, quick=args.quick, run_dir=args.run_dir)
     _check_classes(config, config.actors)
@@ -144,7 +146,7 @@ def _campaign(args) -> int:
         import json
         from pathlib import Path
 
-        from .job.seeds import run_seeds
+        from t1_actors.job.seeds import run_seeds
 
         out = Path(args.run_dir) if args.run_dir else Path(str(config.run.dir) + "-seeds")
         try:
@@ -154,7 +156,7 @@ def _campaign(args) -> int:
             raise ConfigError(str(error)) from None
         print(json.dumps({k: table[k] for k in ("seeds", "beat_sft_best", "alpha")}))
         return 0
-    from .job.main import RunLocationError
+    from t1_actors.job.main import RunLocationError
 
     try:
         summary = run_campaign(config, write_report=write_report, hosts=set(args.host) if args.host else None)
@@ -166,7 +168,7 @@ def _campaign(args) -> int:
 def _launch(args) -> int:
     if _is_campaign(args.config):
         return _campaign(args)
-    from .config import ConfigError
+    from t1_actors.runtime.config import ConfigError
 
     if args.seeds is not None or args.base is not None:
         raise ConfigError(f"--seeds and --base need a campaign config (one with a [campaign] section); "
@@ -175,9 +177,9 @@ def _launch(args) -> int:
         raise ConfigError(f"--quick needs a campaign config (one with a [campaign] section); {args.config} has none")
     import trio
 
-    from .config import load_config
-    from .runtime.logs import configure_logging
-    from .runtime.supervisor import LOCAL_HOSTS, Supervisor, SupervisorError
+    from t1_actors.job.config import load_config
+    from t1_actors.runtime.logs import configure_logging
+    from t1_actors.runtime.supervisor import LOCAL_HOSTS, Supervisor, SupervisorError
 
     config = load_config(args.config)
     hosts = set(args.host) if args.host else LOCAL_HOSTS
@@ -198,10 +200,11 @@ def _launch(args) -> int:
 
 
 def _run_one(role: str, args) -> int:
-    from .config import ConfigError, load_config
-    from .runtime.host import run_actor_process
-    from .runtime.roles import actor_class
-    from .runtime.supervisor import SUPERVISOR_PID_ENV
+    from t1_actors.job.config import load_config
+    from t1_actors.runtime.config import ConfigError
+    from t1_actors.runtime.host import run_actor_process
+    from t1_actors.runtime.roles import actor_class
+    from t1_actors.runtime.supervisor import SUPERVISOR_PID_ENV
 
     config = load_config(args.config)
     if args.name is None:
@@ -214,7 +217,7 @@ def _run_one(role: str, args) -> int:
         spec = config.actor(args.name)
         if spec.role != role:
             raise ConfigError(f"actor {spec.name!r} has role {spec.role!r}, not {role!r}")
-    cls = actor_class(spec)
+    cls = actor_class(spec, _role_table())
     cls.validate_options(spec)
     parent = os.environ.get(SUPERVISOR_PID_ENV)
     return run_actor_process(cls, config, spec.name, supervisor_pid=int(parent) if parent else None)

@@ -27,20 +27,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import Ack, Generic, LearnerStep, StalenessDecision, TrajectoryAssembled, TrialIssued
 from storage import EventLog
-
-from .backends._learner_batch import collate, trial_records
-from .backends.torch_critic import TorchCritic
-from .backends.torch_learner import cursor_bytes, cursor_tensor
-from .config import section
-from .policy import ModelConfig, MoEPolicy
-from .policy.value import ValueModel
-from .ppo import PPOConfig
-from .runtime.actor import Actor, handles, on_event
-from .job.layout import checkpoints_dir, run_log
-
+from storage.config import StorageConfig
+from t1_actors.backends.torch_critic import TorchCritic
+from t1_actors.backends.torch_learner import cursor_bytes, cursor_tensor
+from t1_actors.layout import checkpoints_dir
+from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy.value import ValueModel
+from t1_actors.runtime.actor import Actor, handles, on_event
+from t1_actors.train.batch import collate, trial_records
+from t1_actors.train.ppo import PPOConfig
 
 
-@section("critic")
 class CriticConfig(BaseModel):
     """[critic]: when to warm up, and the engine's threads."""
 
@@ -64,12 +61,12 @@ class CriticActor(Actor):
     Options = CriticOptions
 
     async def setup(self) -> None:
-        self.critic_config: CriticConfig = self.config.section("critic")
-        self.ppo_config: PPOConfig = self.config.section("ppo")
-        self.model_config: ModelConfig = self.config.section("model")
+        self.critic_config: CriticConfig = self.config.section(CriticConfig)
+        self.ppo_config: PPOConfig = self.config.section(PPOConfig)
+        self.model_config: ModelConfig = self.config.section(ModelConfig)
         torch.set_num_threads(self.critic_config.threads)
         run_dir = Path(self.ctx.run_dir)
-        self.event_log = EventLog.open(run_log(self.config), create=True, config=self.config.section("storage"))
+        self.event_log = EventLog.open(self.config.log_location(), create=True, config=self.config.section(StorageConfig))
         self.checkpoint_path = checkpoints_dir(run_dir) / f"{self.name}.pt"
         self.engine: TorchCritic | None = None
         self.position: dict[str, int] | None = None

@@ -11,7 +11,7 @@ A restarted learner resumes from its checkpoint: the cursor blob holds the log p
 trials not trained yet and the last step's events, appended again if the crash came before they were
 (exactly once: a step is neither trained twice nor lost).
 
-Config: ``[learner]`` (``LearnerConfig``), ``[ppo]`` (``t1_actors.ppo.PPOConfig``), ``[model]``;
+Config: ``[learner]`` (``LearnerConfig``), ``[ppo]`` (``t1_actors.train.ppo.PPOConfig``), ``[model]``;
 options: ``policy_path`` (default: the newest ``WeightsPublished`` in the log, else fresh weights,
 published as version 0).
 """
@@ -28,20 +28,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import CriticValues, LearnerStep, StalenessDecision, WeightsPublished, decode, encode
 from storage import EventLog
+from storage.config import StorageConfig
+from t1_actors.backends.learner_backend import open_learner_backend
+from t1_actors.backends.torch_learner import PublishedWeights
+from t1_actors.layout import checkpoints_dir
+from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.rollout.admission import StalenessConfig
+from t1_actors.runtime.actor import Actor, on_event
+from t1_actors.runtime.errors import NoSuchPeer
+from t1_actors.train.batch import collate, trial_records
+from t1_actors.train.ppo import PPOConfig
 
-from .backends._learner_batch import collate, trial_records
-from .backends.learner_backend import open_learner_backend
-from .backends.torch_learner import PublishedWeights
-from .config import section
-from .policy import ModelConfig, MoEPolicy
-from .ppo import PPOConfig
-from .runtime.actor import Actor, on_event
-from .runtime.errors import NoSuchPeer
-from .job.layout import checkpoints_dir, run_log
 
-
-
-@section("learner")
 class LearnerConfig(BaseModel):
     """[learner]: engine and batching of the learner actor."""
 
@@ -73,14 +71,14 @@ class LearnerActor(Actor):
     Options = LearnerOptions
 
     async def setup(self) -> None:
-        self.learner_config: LearnerConfig = self.config.section("learner")
-        self.ppo_config: PPOConfig = self.config.section("ppo")
-        self.model_config: ModelConfig = self.config.section("model")
+        self.learner_config: LearnerConfig = self.config.section(LearnerConfig)
+        self.ppo_config: PPOConfig = self.config.section(PPOConfig)
+        self.model_config: ModelConfig = self.config.section(ModelConfig)
         torch.set_num_threads(self.learner_config.threads)
         size = self.learner_config.batch_size
-        self.batch_size = size if size is not None else self.config.section("staleness").batch_size
+        self.batch_size = size if size is not None else self.config.section(StalenessConfig).batch_size
         run_dir = Path(self.ctx.run_dir)
-        self.event_log = EventLog.open(run_log(self.config), create=True, config=self.config.section("storage"))
+        self.event_log = EventLog.open(self.config.log_location(), create=True, config=self.config.section(StorageConfig))
         self.weights_root = run_dir / "weights"
         self.checkpoint_path = checkpoints_dir(run_dir) / f"{self.name}.pt"
         self.pending: list[str] = []

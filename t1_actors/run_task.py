@@ -13,8 +13,8 @@ import secrets
 import sys
 import time
 
-from .backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig, SandboxInfraError
-from .tasks.errors import TaskFormatError
+from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig, SandboxInfraError
+from t1_actors.tasks.errors import TaskFormatError
 
 ORACLE_PATH = "/tmp/t1-oracle/solve.sh"
 
@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verifier-dir", default=None, help="verifier base directory (pristine tests, scratch)")
     args = parser.parse_args(argv)
 
-    from .tasks.formats import load_task
-    from .verification import Verifier, VerifierConfig
+    from t1_actors.tasks.formats import load_task
+    from t1_actors.verify.engine import Verifier, VerifierConfig
 
     try:
         task = load_task(args.task_dir)

@@ -26,14 +26,17 @@ import trio
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import Ack, GenerateReply, GenerateRequest, PolicyUpdate
-
-from .backends.sampler_backend import (
-    BackendUnavailable, GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend,
+from t1_actors.backends.sampler_backend import (
+    BackendUnavailable,
+    GenerateSpec,
+    SamplerBackend,
+    SamplerConfig,
+    open_sampler_backend,
 )
-from .job.layout import sha256_file
-from .policy import ModelConfig, MoEPolicy
-from .policy.sampling import Generation, SamplingParams
-from .runtime.actor import Actor, handles
+from t1_actors.layout import sha256_file
+from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy.sampling import Generation, SamplingParams
+from t1_actors.runtime.actor import Actor, handles
 
 
 class SamplerOptions(BaseModel):
@@ -54,8 +57,8 @@ class SamplerActor(Actor):
     Options = SamplerOptions
 
     async def setup(self) -> None:
-        self.sampler_config: SamplerConfig = self.config.section("sampler")
-        self.model_config: ModelConfig = self.config.section("model")
+        self.sampler_config: SamplerConfig = self.config.section(SamplerConfig)
+        self.model_config: ModelConfig = self.config.section(ModelConfig)
         self.backend: SamplerBackend | None = None
         self._ready = trio.Event()
         self._turns = 0

@@ -17,49 +17,25 @@ same host, before ``SandboxClose``).
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
 import trio
-from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import Ack, Cancel, ExecRequest, SandboxClose, SandboxExec, SandboxOpen
-
-from .backends.daytona_sandbox import DaytonaSandboxConfig
-from .backends.local_sandbox import LocalSandboxConfig, SandboxInfraError
-from .config import section
-from .runtime.actor import Actor, handles
-
-
-@section("sandbox")
-class SandboxConfig(BaseModel):
-    """The run's ``[sandbox]`` section: which backend, and each backend's settings."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    backend: Literal["local", "daytona"] = "local"
-    local: LocalSandboxConfig = Field(default_factory=LocalSandboxConfig)
-    daytona: DaytonaSandboxConfig = Field(default_factory=DaytonaSandboxConfig)
-
-
-def open_backend(config: SandboxConfig) -> Any:
-    """The configured backend (blocking: run it in a thread)."""
-    if config.backend == "daytona":
-        from .backends.daytona_sandbox import DaytonaSandboxBackend
-
-        return DaytonaSandboxBackend(config.daytona)
-    from .backends.local_sandbox import LocalSandboxBackend
-
-    return LocalSandboxBackend(config.local)
+from t1_actors.backends.local_sandbox import SandboxInfraError
+from t1_actors.backends.sandbox_backend import SandboxConfig, open_backend
+from t1_actors.runtime.actor import Actor, handles
+from t1_actors.tasks.config import TasksConfig
 
 
 class SandboxActor(Actor):
     role = "sandbox"
 
     async def setup(self) -> None:
-        from .tasks import build_task_sets
+        from t1_actors.tasks import build_task_sets
 
-        self.sandbox_config: SandboxConfig = self.config.section("sandbox")
-        self.tasks = await trio.to_thread.run_sync(build_task_sets, self.config.section("tasks"))
+        self.sandbox_config: SandboxConfig = self.config.section(SandboxConfig)
+        self.tasks = await trio.to_thread.run_sync(build_task_sets, self.config.section(TasksConfig))
         self.backend = await trio.to_thread.run_sync(open_backend, self.sandbox_config)
         self.sandboxes: dict[str, Any] = {}
         self._execs = 0

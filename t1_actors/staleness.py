@@ -16,31 +16,40 @@ import numpy as np
 import trio
 
 from schemas import (
-    Cancel, ExecRequest, GenerateRequest, Generic, SandboxClose, SandboxExec, SandboxOpen, VerifierResult,
-    VerifyRequest, WeightsPublished,
+    Cancel,
+    ExecRequest,
+    GenerateRequest,
+    Generic,
+    SandboxClose,
+    SandboxExec,
+    SandboxOpen,
+    VerifierResult,
+    VerifyRequest,
+    WeightsPublished,
 )
 from storage import EventLog
-
-from .evaluation import EvalConfig, pass_k_subset
-from .job.config import CampaignConfig
-from .job.layout import checkpoints_dir, run_log, tokenizer_path
-from .job.schedule import Controller, TaskSplits, play_schedule
-from .policy.sampling import Generation
-from .policy.tokenizer import load_tokenizer, special_token_ids
-from .rollout import ToolOutcome
-from .rollout.admission import StalenessConfig
-from .rollout.recovery import close_abandoned, open_trials
-from .rollout.trials import BatchStats, TrialRunner
-from .runtime.actor import Actor
-from .runtime.errors import RuntimeFault
-from .runtime.reachability import PeerWatch, ping_call
-from .tasks import build_task_sets
+from storage.config import StorageConfig
+from t1_actors.backends.sampler_backend import SamplerConfig
+from t1_actors.eval.protocol import EvalConfig, pass_k_subset
+from t1_actors.layout import checkpoints_dir, tokenizer_path
+from t1_actors.policy.sampling import Generation
+from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
+from t1_actors.rollout import ToolOutcome
+from t1_actors.rollout.admission import StalenessConfig
+from t1_actors.rollout.recovery import close_abandoned, open_trials
+from t1_actors.rollout.trials import BatchStats, TrialRunner
+from t1_actors.runtime.actor import Actor
+from t1_actors.runtime.errors import RuntimeFault
+from t1_actors.runtime.reachability import PeerWatch, ping_call
+from t1_actors.schedule import CampaignConfig, Controller, TaskSplits, play_schedule
+from t1_actors.tasks import build_task_sets
+from t1_actors.tasks.config import TasksConfig
 
 
 class ActorPorts:
     """``TrialPorts`` over the runtime: the sampler, sandbox and verifier actors, and this actor's log."""
 
-    def __init__(self, actor: "StalenessActor", campaign: CampaignConfig, stop_id: int):
+    def __init__(self, actor: StalenessActor, campaign: CampaignConfig, stop_id: int):
         self.actor, self.campaign, self.stop_id = actor, campaign, stop_id
         self.deadline = actor.config.transport.control_deadline_s
 
@@ -96,18 +105,18 @@ class StalenessActor(Actor):
     role = "staleness"
 
     async def setup(self) -> None:
-        self.campaign: CampaignConfig = self.config.section("campaign")
-        self.staleness: StalenessConfig = self.config.section("staleness")
-        sampler = self.config.section("sampler")
+        self.campaign: CampaignConfig = self.config.section(CampaignConfig)
+        self.staleness: StalenessConfig = self.config.section(StalenessConfig)
+        sampler = self.config.section(SamplerConfig)
         self.temperature, self.top_p = sampler.temperature, sampler.top_p
-        sets = await trio.to_thread.run_sync(build_task_sets, self.config.section("tasks"))
-        self.eval_config: EvalConfig = self.config.section("eval")
+        sets = await trio.to_thread.run_sync(build_task_sets, self.config.section(TasksConfig))
+        self.eval_config: EvalConfig = self.config.section(EvalConfig)
         self.splits = TaskSplits(rl=[t.id for t in sets.rl], validation=[t.id for t in sets.validation],
                                  eval=[t.id for t in sets.eval],
                                  pass_k=pass_k_subset(sets.eval, self.eval_config.pass_k_tasks))
         self.tasks = sets.by_id
         self.tokenizer = load_tokenizer(tokenizer_path(self.ctx.run_dir))
-        self.reader = EventLog.open(run_log(self.config), config=self.config.section("storage"))
+        self.reader = EventLog.open(self.config.log_location(), config=self.config.section(StorageConfig))
         self.version = 0
         self.version_changed = trio.Event()
         self.stats = BatchStats()

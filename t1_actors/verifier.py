@@ -1,5 +1,5 @@
 """The verifier actor: ``VerifyRequest(trial_id, task_id)`` -> the ``VerifierResult`` event (appended to
-the log and sent back), from ``t1_actors.verification``.
+the log and sent back), from ``t1_actors.verify.engine``.
 
 The trial's final root is found on the shared disk: the sandbox actor's local backend records each open
 trial's layers under ``[sandbox.local] base_dir`` (``locate_trial``), so the verifier runs on the
@@ -16,29 +16,29 @@ from __future__ import annotations
 import trio
 
 from schemas import VerifierResult, VerifyRequest
-
-from .backends.local_sandbox import SandboxInfraError, locate_trial
-from .ppo import REWARD_SCALE
-from .runtime.actor import Actor, handles
-from .verification import Verifier, VerifierConfig
+from t1_actors.backends.local_sandbox import SandboxInfraError, locate_trial
+from t1_actors.runtime.actor import Actor, handles
+from t1_actors.tasks.config import TasksConfig
+from t1_actors.train.ppo import REWARD_SCALE
+from t1_actors.verify.engine import Verifier, VerifierConfig
 
 
 class VerifierActor(Actor):
     role = "verifier"
 
     async def setup(self) -> None:
-        from .sandbox import SandboxConfig
-        from .tasks import build_task_sets
+        from t1_actors.backends.sandbox_backend import SandboxConfig
+        from t1_actors.tasks import build_task_sets
 
-        self.verifier_config: VerifierConfig = self.config.section("verifier")
-        sandbox_config: SandboxConfig = self.config.section("sandbox")
+        self.verifier_config: VerifierConfig = self.config.section(VerifierConfig)
+        sandbox_config: SandboxConfig = self.config.section(SandboxConfig)
         self.sandbox_dir = sandbox_config.local.base_dir
         self.daytona = None
         if sandbox_config.backend == "daytona":
-            from .backends.daytona_sandbox import DaytonaSandboxBackend
+            from t1_actors.backends.daytona_sandbox import DaytonaSandboxBackend
 
             self.daytona = await trio.to_thread.run_sync(DaytonaSandboxBackend, sandbox_config.daytona)
-        self.tasks = await trio.to_thread.run_sync(build_task_sets, self.config.section("tasks"))
+        self.tasks = await trio.to_thread.run_sync(build_task_sets, self.config.section(TasksConfig))
         self.verifier = Verifier(self.verifier_config)
         self._done = 0
         self._infra = 0

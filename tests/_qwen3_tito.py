@@ -26,12 +26,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _tito_harness import segment  # noqa: E402
+
 from t1_actors import tito  # noqa: E402
 from t1_actors.policy import ChatTokenizer  # noqa: E402
 from t1_actors.policy.chat_tokenizer import BASH_TOOL  # noqa: E402
 from t1_actors.rollout import assistant_message, first_messages, truncate_output  # noqa: E402
-
-from _tito_harness import segment  # noqa: E402
 from tools._replay.boundaries import changed_tokens as boundary_changes  # noqa: E402
 
 SCENARIOS = ("thinking", "noncanonical", "padded_think", "empty_think", "no_thinking", "follow_up")
@@ -108,6 +108,7 @@ def measure(tok: ChatTokenizer, tasks: list, oracle, repairs=tito.REPAIRS) -> di
 
 if __name__ == "__main__":
     from _qwen3 import qwen3
+
     from t1_actors.tasks import generate, oracle_trajectory
 
     tasks = generate("train", int(sys.argv[1]) if len(sys.argv) > 1 else 24, seed=3)

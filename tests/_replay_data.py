@@ -17,8 +17,15 @@ import numpy as np
 import torch
 
 from schemas import (
-    CriticWarmup, EvalResult, LearnerStep, SamplerTurn, SandboxExec, StalenessDecision, TrialIssued,
-    VerifierResult, WeightsPublished,
+    CriticWarmup,
+    EvalResult,
+    LearnerStep,
+    SamplerTurn,
+    SandboxExec,
+    StalenessDecision,
+    TrialIssued,
+    VerifierResult,
+    WeightsPublished,
 )
 from storage import EventLog
 from t1_actors import tito

@@ -12,8 +12,9 @@ from __future__ import annotations
 import functools
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer, pre_tokenizers

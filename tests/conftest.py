@@ -45,7 +45,7 @@ def s3_url(s3_endpoint) -> str:
 def actor_config(tmp_path):
     """``make(*actors, **sections)``: a validated run config for actors under test, its run directory under
     ``tmp_path / "run"`` and a test key; each actor a ``{"name", "role", "actor_class"[, "options"]}`` dict."""
-    from t1_actors.config import parse_config
+    from t1_actors.job.config import parse_config
 
     def make(*actors: dict, run_id: str = "actor-test", **sections):
         return parse_config({"run": {"id": run_id, "dir": str(tmp_path / "run"), "hmac_key": "k" * 32},

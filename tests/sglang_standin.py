@@ -36,7 +36,7 @@ class SGLangStandIn:
         host, port = self._server.server_address
         return f"http://{host}:{port}"
 
-    def __enter__(self) -> "SGLangStandIn":
+    def __enter__(self) -> SGLangStandIn:
         self._thread.start()
         return self
 

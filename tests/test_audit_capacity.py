@@ -7,7 +7,7 @@ import json
 import pytest
 
 from t1_actors.policy.config import ModelConfig
-from tools import capacity as cap
+from tools._audit import capacity_plan as cap
 from tools.audit import main
 
 

@@ -10,8 +10,8 @@ import pytest
 from t1_actors.tasks import write_task
 from t1_actors.tasks.model import Environment, FileSpec, Oracle, Task
 from t1_actors.tasks.model import Tests as TaskTests
+from tools._audit.task_checks import audit_task, hidden_requirements, oracle_steps, shortcut_variants
 from tools.audit import main
-from tools.task_audit import audit_task, hidden_requirements, oracle_steps, shortcut_variants
 
 GOOD_TEST = '''from pathlib import Path
 
@@ -83,7 +83,7 @@ def write_harbor(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def runner():
-    from tools.task_runner import LocalTrialRunner
+    from tools._audit.task_runner import LocalTrialRunner
 
     try:
         r = LocalTrialRunner()

@@ -12,7 +12,7 @@ from storage import EventLog
 from t1_actors.tasks import write_task
 from t1_actors.tasks.model import Oracle, Task
 from t1_actors.tasks.model import Tests as TaskTests
-from t1_actors.verification import tree_sha256 as sha_of_tests
+from t1_actors.verify.engine import tree_sha256 as sha_of_tests
 from tools.audit import main
 
 TEST_V1 = "def test_out():\n    assert open('/app/out.txt').read() == 'hi\\n'\n"
@@ -82,7 +82,7 @@ def test_mismatch_inconsistency_tamper_and_unknown(tmp_path, sources, capsys):
 
 def test_real_verifier_checksum_matches_the_source(tmp_path, sources, capsys):
     from t1_actors.tasks import load_task
-    from tools.task_runner import LocalTrialRunner
+    from tools._audit.task_runner import LocalTrialRunner
 
     alpha = load_task(sources / "alpha")
     try:

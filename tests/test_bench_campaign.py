@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from schemas import (
-    CriticValues, LearnerStep, SamplerTurn, SandboxExec, StalenessDecision, TrialIssued, VerifierResult,
+    CriticValues,
+    LearnerStep,
+    SamplerTurn,
+    SandboxExec,
+    StalenessDecision,
+    TrialIssued,
+    VerifierResult,
     WeightsPublished,
 )
 from storage import EventLog
@@ -21,7 +27,7 @@ from storage import EventLog
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tools.time_shares import PARTS, rl_figures, rl_window, time_shares  # noqa: E402
+from tools._report.time_shares import PARTS, rl_figures, rl_window, time_shares  # noqa: E402
 
 PAUSE = 0.03
 

@@ -351,7 +351,7 @@ def test_t1_actor_eval_plays_a_run_policy_on_the_example_tasks(plain_run, tmp_pa
     assert change["tasks"] >= 10 and change["gained"] == change["lost"] == 0
     # `--policy hf:DIR`: version 0 written as a Hugging Face checkpoint (config.json + safetensors, the run's
     # tokenizer beside it) plays exactly as run:RUN@0 does, token for token, under the run's limits.
-    from t1_actors.job.layout import weights_dir
+    from t1_actors.layout import weights_dir
     from t1_actors.policy import MoEPolicy
     from t1_actors.policy._hf import save_pretrained
 

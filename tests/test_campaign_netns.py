@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _netns import namespace_hosts
-from schemas import ActorLifecycle, LearnerStep, SamplerTurn
-from storage import EventLog
 from test_campaign import ROOT, _micro_config
 from test_campaign_s3 import SMALL
+
+from schemas import ActorLifecycle, LearnerStep, SamplerTurn
+from storage import EventLog
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(1200)]
 

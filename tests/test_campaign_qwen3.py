@@ -19,12 +19,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from _qwen3 import qwen3, qwen3_dir
+from test_campaign import _dump
 
 from schemas import SamplerTurn, TrajectoryAssembled
 from storage import EventLog
-
-from _qwen3 import qwen3, qwen3_dir
-from test_campaign import _dump
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "qwen3-micro.toml"

@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from test_campaign import ROOT, _launch, _micro_config
 
 from storage import EventLog
-from test_campaign import ROOT, _launch, _micro_config
 
 # The quick campaign shrunk to what exercises every actor's use of the log: a short SFT, two PPO steps.
 SMALL = dict(campaign={"sft_steps": 30, "rl_steps": 2, "warmup_trials": 4, "eval_concurrency": 8},

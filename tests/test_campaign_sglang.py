@@ -18,10 +18,10 @@ import urllib.request
 from collections import Counter
 
 import pytest
+from test_campaign import ROOT, _launch, _micro_config
 
 from storage import EventLog
 from t1_actors.backends.sglang_server import check_venv, sglang_venv
-from test_campaign import ROOT, _launch, _micro_config
 from tools._replay.audit import audit_log
 
 pytestmark = pytest.mark.slow
@@ -99,7 +99,7 @@ def test_t1_actor_eval_plays_a_served_policy_through_sglang(sglang_run, tmp_path
     import numpy as np
 
     from t1_actors.backends.sglang_server import SGLangServer
-    from t1_actors.job.layout import weights_dir
+    from t1_actors.layout import weights_dir
     from t1_actors.policy import MoEPolicy
     from tools._replay.drift import token_logprobs
 

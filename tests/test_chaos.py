@@ -13,11 +13,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from _chaos import run_chaos_cli
+
 from storage import EventLog
-from t1_actors.chaos import NOT_TESTED, PHASES, ROLES, find_orphans, plan_faults
-from t1_actors.chaos._sections import SECTION_KEYS
+from tools.chaos import NOT_TESTED, PHASES, ROLES, find_orphans, plan_faults
+from tools.chaos._sections import SECTION_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 ZEROS = ("trials_unaccounted", "trials_final_twice", "continuations_unlinked", "events_duplicated",
@@ -46,7 +46,7 @@ def test_the_orphan_check_finds_a_live_process_a_trial_root_and_ignores_other_ru
     (sandbox / "trials" / "someone-else-train-000001-aaaaaaaa").mkdir()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        from t1_actors.chaos import _start_time
+        from tools.chaos import _start_time
 
         seen = {child.pid: _start_time(child.pid)}
         found = find_orphans(seen, ["run-a-train-000001"], tmp_path / "run", sandbox)
@@ -65,7 +65,7 @@ def test_the_watch_follows_each_role_to_its_restarted_process(tmp_path):
     """A role is hit again after its restart: the watch takes the supervisor's "restarted" as the role's new
     process, whatever its reason (matching it by reason once let every second fault of a role go missed)."""
     from schemas import ActorLifecycle
-    from t1_actors.chaos import _Watch
+    from tools.chaos import _Watch
 
     log = EventLog.open(tmp_path / "log", create=True)
     with log.writer("supervisor") as writer:

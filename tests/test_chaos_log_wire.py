@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from storage import DiskFull, EventLog
-from t1_actors.chaos import main as chaos_main
-from t1_actors.chaos._events import EVENT_KINDS, ROUTING, event_for
-from t1_actors.chaos._log_faults import LAYOUTS, STAGES, _Tail, bit_flips, crash_sweep, full_disk
+from tools.chaos import main as chaos_main
+from tools.chaos._events import EVENT_KINDS, ROUTING, event_for
+from tools.chaos._log_faults import LAYOUTS, STAGES, _Tail, bit_flips, crash_sweep, full_disk
 
 
 def test_every_event_kind_is_generated_deterministically_and_reads_back_bit_exact(tmp_path):

@@ -12,15 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _chaos import run_chaos_cli
+
 from t1_actors.backends._sandbox import cgroups
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
-from t1_actors.chaos._hostile import CASES, run_hostile
-from t1_actors.chaos._sections import SECTION_KEYS
-from t1_actors.chaos._tamper import METHODS
 from t1_actors.tasks.model import Limits, Task
 from t1_actors.tasks.model import Tests as TaskTests
+from tools.chaos._hostile import CASES, run_hostile
+from tools.chaos._sections import SECTION_KEYS
+from tools.chaos._tamper import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or cgroups.available() is not None,
@@ -124,7 +124,7 @@ _CLIENT = """
 import json, sys, threading, time
 from t1_actors.backends.local_sandbox import TrialRoot
 from t1_actors.tasks.model import Task
-from t1_actors.verification import Verifier, VerifierConfig
+from t1_actors.verify.engine import Verifier, VerifierConfig
 task = Task.model_validate_json(sys.argv[1])
 verifier = Verifier(VerifierConfig(base_dir=sys.argv[3]))
 for trial in json.loads(sys.argv[2]):

@@ -1,4 +1,4 @@
-"""SFT examples on Qwen3's real chat template (t1_actors.chat_sft): reasoning derived from the oracle, the loss on
+"""SFT examples on Qwen3's real chat template (t1_actors.warmstart.chats): reasoning derived from the oracle, the loss on
 each assistant turn as the template rendered it when it was produced, one sequence unless the template re-renders
 history; and the pieces the Qwen3 campaign adds around it (the [campaign] tokenizer rule, the run's tokenizer
 directory, the replay tools' boundary figures, SFT's loss on masked positions only)."""
@@ -9,17 +9,21 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _qwen3 import qwen3, qwen3_dir
 
 from t1_actors import tito
-from t1_actors.chat_sft import (
-    final_reasoning, oracle_chat, produced_turns, step_reasoning, turn_examples,
-)
 from t1_actors.policy import ModelConfig, MoEPolicy
 from t1_actors.policy.chat_tokenizer import BASH_TOOL
+from t1_actors.schedule import CampaignConfig
 from t1_actors.tasks import generate, oracle_trajectory
-from t1_actors.warmstart import assistant_spans, pad_batch, sft_loss
-
-from _qwen3 import qwen3, qwen3_dir
+from t1_actors.warmstart.chats import (
+    final_reasoning,
+    oracle_chat,
+    produced_turns,
+    step_reasoning,
+    turn_examples,
+)
+from t1_actors.warmstart.finetune import assistant_spans, pad_batch, sft_loss
 
 FOLLOW_UP = "Now print the word count of the file."
 
@@ -101,7 +105,7 @@ def test_sft_loss_on_masked_positions_equals_the_full_head_loss():
 
 
 def test_campaign_tokenizer_rule_names_the_key_and_the_fix(tmp_path):
-    from t1_actors.config import load_config
+    from t1_actors.job.config import load_config
 
     body = "[[actors]]\nname = \"staleness-0\"\nrole = \"staleness\"\n"
     missing = tmp_path / "qwen3-tokenizer"
@@ -109,7 +113,7 @@ def test_campaign_tokenizer_rule_names_the_key_and_the_fix(tmp_path):
     with pytest.raises(Exception, match=r"\[campaign\] tokenizer.*fetch-qwen3-tokenizer"):
         load_config(tmp_path / "a.toml")
     (tmp_path / "b.toml").write_text(f"[campaign]\ntokenizer = \"{qwen3_dir()}\"\n{body}")
-    assert load_config(tmp_path / "b.toml").section("campaign").tokenizer == str(qwen3_dir())
+    assert load_config(tmp_path / "b.toml").section(CampaignConfig).tokenizer == str(qwen3_dir())
     (tmp_path / "c.toml").write_text(f"[campaign]\ntokenizer = \"{qwen3_dir()}\"\nwarm_start_from = \"{tmp_path}\"\n{body}")
     with pytest.raises(Exception, match="warm_start_from"):
         load_config(tmp_path / "c.toml")
@@ -117,7 +121,7 @@ def test_campaign_tokenizer_rule_names_the_key_and_the_fix(tmp_path):
 
 def test_the_run_keeps_the_hf_tokenizer_and_replay_reads_a_directory(tmp_path, tok):
     from t1_actors.job.sft import copy_run_tokenizer
-    from t1_actors.job.layout import tokenizer_path
+    from t1_actors.layout import tokenizer_path
     from tools._replay.run import RunError, RunView
 
     loaded = copy_run_tokenizer(tmp_path, qwen3_dir())

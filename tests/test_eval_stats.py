@@ -1,14 +1,15 @@
-"""Paired before/after statistics of the eval split (t1_actors.eval_stats)."""
+"""Paired before/after statistics of the eval split (t1_actors.stats)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from schemas import TrialIssued, VerifierResult
-from t1_actors.eval_stats import Outcome, eval_outcomes, mcnemar_exact_p, paired_change
+from t1_actors.stats import Outcome, eval_outcomes, mcnemar_exact_p, paired_change
 
 
 def test_mcnemar_known_values():

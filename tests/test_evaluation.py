@@ -1,19 +1,19 @@
-"""The skill-vs-sharpening eval protocol (t1_actors.evaluation) on real engines in one process, and its
-statistics (pass@k, per-position rates) and summary keys (t1_actors.skill_report)."""
+"""The skill-vs-sharpening eval protocol (t1_actors.eval.protocol) on real engines in one process, and its
+statistics (pass@k, per-position rates) and summary keys (t1_actors.eval.skills)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from test_trials import _run, world  # noqa: F401  (the module-scoped engines fixture)
 
 from schemas import EvalResult, TrialIssued, VerifierResult
-from t1_actors.eval_stats import Attempt, pass_at_k, pass_at_k_curve, per_position_rates, part_of
-from t1_actors.evaluation import EvalConfig, best_temperature, evaluate_policy, pass_k_subset
-from t1_actors.skill_report import EvalPasses, skill_report
-
-from test_trials import _run, world  # noqa: F401  (the module-scoped engines fixture)
+from t1_actors.eval.protocol import EvalConfig, best_temperature, evaluate_policy, pass_k_subset
+from t1_actors.eval.skills import EvalPasses, skill_report
+from t1_actors.stats import Attempt, part_of, pass_at_k, pass_at_k_curve, per_position_rates
 
 
 def _result(resolved, n, reward=0.0, label="x", temperature=None):
@@ -183,7 +183,7 @@ def test_sft_passes_from_a_warm_start_are_refused_unless_the_draws_match(tmp_pat
 
     from t1_actors.job.main import load_campaign_config
     from t1_actors.job.sft import check_warm_start_passes
-    from t1_actors.config import ConfigError
+    from t1_actors.runtime.config import ConfigError
 
     text = (Path(__file__).resolve().parent.parent / "configs" / "tiny.toml").read_text()
     path = tmp_path / "run.toml"

@@ -11,16 +11,15 @@ import jinja2
 import numpy as np
 import pytest
 import trio
+from _qwen3 import qwen3, qwen3_dir
 from transformers import AutoTokenizer
 
 from t1_actors import tito
 from t1_actors.policy import ChatTokenizer, load_tokenizer
 from t1_actors.policy.chat_tokenizer import BASH_TOOL
-from t1_actors.policy.tokenizer import DEFAULT_TOKENIZER, special_token_ids
 from t1_actors.policy.sampling import Generation
+from t1_actors.policy.tokenizer import DEFAULT_TOKENIZER, special_token_ids
 from t1_actors.rollout import ToolOutcome, assistant_message, run_trial
-
-from _qwen3 import qwen3, qwen3_dir
 
 SYSTEM = {"role": "system", "content": "You are a shell agent. Run one bash command per turn."}
 USER = {"role": "user", "content": "Count the words in /app/notes.txt and write it to /app/count.txt."}

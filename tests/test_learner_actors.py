@@ -3,15 +3,15 @@ the critic's update after it, and a restarted learner that resumes from its chec
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import trio
 
 pytest.importorskip("t1_actors.runtime.host")
 
-from _trio import trio_test  # noqa: E402
 from _learner_data import TINY, sample_trajectories, tiny_policy  # noqa: E402
+from _trio import trio_test  # noqa: E402
+
 from schemas import StalenessDecision, TrialIssued, WeightsPublished  # noqa: E402
 from storage import EventLog  # noqa: E402
 from t1_actors.backends.torch_learner import sha256_file  # noqa: E402

@@ -7,10 +7,10 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
-
 from _learner_data import TINY, sample_trajectories, tiny_policy
+
 from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate, data_parallel_group, shard
-from t1_actors.ppo import PPOConfig
+from t1_actors.train.ppo import PPOConfig
 
 CFG = PPOConfig(max_grad_norm=1e6)  # no clipping: compare raw gradients
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _learner_data import TINY, sample_trajectories, tiny_policy
 from _netns import namespace_hosts
+
 from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate, data_parallel_group, shard
-from t1_actors.ppo import PPOConfig
+from t1_actors.train.ppo import PPOConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(600)]
 

@@ -5,12 +5,12 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from _learner_data import TINY, sample_trajectories, tiny_policy
+
 from schemas import CriticValues, LearnerStep, PolicyUpdate, WeightsPublished, decode, encode
 from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate, sha256_file
 from t1_actors.policy.model import MoEPolicy
-from t1_actors.ppo import PPOConfig
+from t1_actors.train.ppo import PPOConfig
 
 torch.set_num_threads(1)
 L, K = TINY.num_layers, TINY.top_k
@@ -188,7 +188,7 @@ def test_a_shard_smaller_than_the_minibatch_count_still_steps():
 
 
 def test_rloo_step_uses_the_group_baseline_and_the_critic_still_learns_returns():
-    from t1_actors.backends._ppo_step import advantages_and_returns
+    from t1_actors.train.step import advantages_and_returns
 
     policy = tiny_policy(5)
     trajectories = sample_trajectories(policy, 8, seed=5)

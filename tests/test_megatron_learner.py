@@ -5,11 +5,11 @@ import warnings
 
 import pytest
 import torch
-
 from _learner_data import TINY, sample_trajectories, tiny_policy
+
 from t1_actors.backends.torch_learner import TorchLearner, collate
 from t1_actors.policy.model import MoEPolicy
-from t1_actors.ppo import PPOConfig
+from t1_actors.train.ppo import PPOConfig
 
 pytest.importorskip("megatron.core")
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")

@@ -8,7 +8,12 @@ import pytest
 
 from t1_actors.policy.chat_template import ToolCallError, parse_tool_calls, render_chat
 from t1_actors.policy.tokenizer import (
-    SPECIAL_TOKENS, default_tokenizer, generic_shell_chats, load_tokenizer, main, special_token_ids,
+    SPECIAL_TOKENS,
+    default_tokenizer,
+    generic_shell_chats,
+    load_tokenizer,
+    main,
+    special_token_ids,
     train_tokenizer,
 )
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from t1_actors import ppo
+from t1_actors.train import ppo
 
 torch.set_num_threads(1)
 

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from t1_actors.job.config import parse_config
 from t1_actors.job.main import load_campaign_config
-from t1_actors.config import parse_config, write_resolved
 from t1_actors.policy import ModelConfig, MoEPolicy
 from t1_actors.policy.tokenizer import train_tokenizer
+from t1_actors.runtime.config import write_resolved
 from t1_actors.tasks import build_task_sets
-from t1_actors.warmstart import chat_corpus
+from t1_actors.tasks.config import TasksConfig
+from t1_actors.warmstart.finetune import chat_corpus
 from tools import probe
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.toml"
@@ -33,7 +35,7 @@ def run(tmp_path_factory) -> Path:
                                                             "base_dir": str(run / "sandbox")}}
     config = parse_config(data)
     write_resolved(config, run / "config.resolved.json")
-    tokenizer = train_tokenizer(chat_corpus(build_task_sets(config.section("tasks")).sft), 512)
+    tokenizer = train_tokenizer(chat_corpus(build_task_sets(config.section(TasksConfig)).sft), 512)
     tokenizer.save(str(run / "tokenizer.json"))
     policy = MoEPolicy(ModelConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=64, num_layers=2, num_heads=2,
                                    num_kv_heads=1, head_dim=32, num_experts=4, top_k=2, moe_intermediate_size=64))
@@ -70,11 +72,19 @@ def test_probe_steps_on_policy_and_pairs_the_evals(run, capsys):
 
 def test_probe_flags_a_sampler_that_samples_at_another_temperature(run, capsys, monkeypatch):
     # the sampler stores logprobs at T = 0.5, the learner recomputes them at [ppo] temperature 1.0: a config
-    # refuses that (config_rules.check_temperatures), so the rule is lifted here to play the bug it prevents
-    from t1_actors.job import rules as config_rules
+    # refuses that (RunConfig._temperatures_agree), so the rule is lifted here to play the bug it prevents
+    from pydantic import model_validator
 
-    monkeypatch.setattr(config_rules, "RULES", tuple(r for r in config_rules.RULES
-                                                     if r is not config_rules.check_temperatures))
+    from t1_actors.job import config as job_config
+    from t1_actors.runtime import config as runtime_config
+
+    class WithoutTheRule(job_config.RunConfig):
+        @model_validator(mode="after")
+        def _temperatures_agree(self):  # replaces the rule of the same name
+            return self
+
+    monkeypatch.setattr(job_config, "parse_config",
+                        lambda data, source="<config>": runtime_config.parse_config(data, source, WithoutTheRule))
     code, report = _probe(run, capsys, "--set", "sampler.temperature=0.5", "--eval-tasks", "0")
     assert code == 1 and report["off_policy_steps"] == [0, 1]
     assert report["evals"] == []

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from schemas import LearnerStep, StalenessDecision, TrialEnded, TrialIssued, VerifierResult, WeightsPublished
-from t1_actors.job.layout import sha256_file
+from t1_actors.layout import sha256_file
 from tools._replay.audit import Audit, audit_events
 
 
@@ -102,7 +102,7 @@ def test_every_zero_count_is_reported(events):
 def test_the_chaos_reports_audit_mutations_are_each_caught_on_a_real_shaped_log(events, tmp_path):
     """`t1-actor chaos` doctors its campaign's own log ten ways (t1_actors/chaos/_audit_mutations.py); on this
     log every mutation has its target, and each one fails the audit by the count it names."""
-    from t1_actors.chaos._audit_mutations import MUTATIONS, audit_mutations
+    from tools.chaos._audit_mutations import MUTATIONS, audit_mutations
 
     out = audit_mutations(events, tmp_path)
     assert out["audit_mutations"] == {"tried": len(MUTATIONS), "caught": len(MUTATIONS)}, out["audit_mutations_each"]

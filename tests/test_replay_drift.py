@@ -8,10 +8,10 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from _replay_data import build_run
 
 from schemas import SamplerTurn, TrajectoryAssembled
 from storage import EventLog
-from _replay_data import build_run
 from tools._replay.align import rerender, token_bytes
 from tools._replay.drift import drift_of_run, loss_region_drift, routing_mismatch
 from tools._replay.run import RunError, RunView

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
 from _replay_data import build_run
+
 from tools.replay import main
 from tools.report import write_report
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
 import trio
 import trio.testing
 from pydantic import BaseModel, ConfigDict
@@ -13,8 +14,6 @@ from pydantic import BaseModel, ConfigDict
 from schemas.events import TrialIssued
 from schemas.messages import Cancel, GenerateReply, GenerateRequest, Generic
 from t1_actors.runtime import Actor, handles
-
-import numpy as np
 
 
 class EchoActor(Actor):
@@ -94,7 +93,6 @@ class CrashingActor(Actor):
 
 def test_on_event_handlers_give_the_followed_kinds_and_dispatch_in_order():
     import pytest
-
     import trio
 
     from schemas import LearnerStep, TrialIssued

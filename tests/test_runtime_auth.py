@@ -8,7 +8,8 @@ import struct
 import time
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas.messages import Ping
 from t1_actors.runtime.auth import BULK, MAGIC, REPLY, REQUEST, Opener, Sealer

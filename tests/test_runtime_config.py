@@ -8,8 +8,13 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from t1_actors import cli
-from t1_actors.config import ConfigError, load_config, parse_config, section
+from t1_actors.job.config import load_config, parse_config
+from t1_actors.job.roles import ROLES
+from t1_actors.policy.config import ModelConfig
+from t1_actors.runtime.config import ConfigError, RuntimeConfig
+from t1_actors.runtime.config import parse_config as parse_runtime
 from t1_actors.runtime.roles import actor_class
+from t1_actors.train.ppo import PPOConfig
 
 KEY = "k" * 32
 
@@ -29,7 +34,7 @@ def test_defaults_and_derived_addresses():
     assert config.supervisor_address.endswith("/sock/supervisor")
     assert [s.name for s in config.actors_of("sampler")] == ["s0"]
     assert config.hmac_key() == KEY.encode()
-    assert config.section("model").num_experts == 8  # registered lazily, defaults when absent
+    assert config.section(ModelConfig).num_experts == 8  # registered lazily, defaults when absent
 
 
 def test_tcp_bulk_address_is_port_plus_one():
@@ -63,16 +68,26 @@ def test_config_errors_name_the_problem(data, needle):
     assert str(err.value).startswith("run.toml: ")
 
 
-def test_registered_section():
-    @section("runtime_test_section")
-    class Thing(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        size: int = 3
+class Thing(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    size: int = 3
 
-    assert parse_config(cfg()).section("runtime_test_section").size == 3
-    assert parse_config(cfg(runtime_test_section={"size": 5})).section("runtime_test_section").size == 5
-    with pytest.raises(ConfigError, match="runtime_test_section"):
-        parse_config(cfg(runtime_test_section={"size": "big"}))
+
+class ConfigWithThing(RuntimeConfig):
+    """A config of the runtime's sections and one more: what a campaign's RunConfig is, in small."""
+
+    thing: Thing = Thing()
+
+
+def test_a_section_is_read_by_its_model_and_validated_with_the_rest():
+    assert parse_runtime(cfg(), "run.toml", ConfigWithThing).section(Thing).size == 3
+    assert parse_runtime(cfg(thing={"size": 5}), "run.toml", ConfigWithThing).section(Thing).size == 5
+    with pytest.raises(ConfigError, match=r"\[thing\] size"):
+        parse_runtime(cfg(thing={"size": "big"}), "run.toml", ConfigWithThing)
+    with pytest.raises(ConfigError, match=r"unknown section \[thing\]"):
+        parse_runtime(cfg(thing={"size": 5}), "run.toml")
+    with pytest.raises(ConfigError, match="no section validated by Thing"):
+        parse_runtime(cfg(), "run.toml").section(Thing)
 
 
 def test_missing_key(monkeypatch):
@@ -109,13 +124,13 @@ def test_roles_resolve_lazily_with_clear_errors():
                                        "options": {"x": 1}},
                                       {"name": "d", "role": "wrong", "actor_class": "test_runtime_actors:EchoActor"}]))
     with pytest.raises(ConfigError, match="unknown role 'nosuchrole'"):
-        actor_class(config.actor("a"))
+        actor_class(config.actor("a"), ROLES)
     with pytest.raises(ConfigError, match="module no_such_module_xyz does not exist"):
-        actor_class(config.actor("b"))
+        actor_class(config.actor("b"), ROLES)
     with pytest.raises(ConfigError, match="takes no options"):
-        actor_class(config.actor("c")).validate_options(config.actor("c"))
+        actor_class(config.actor("c"), ROLES).validate_options(config.actor("c"))
     with pytest.raises(ConfigError, match="plays 'echo'"):
-        actor_class(config.actor("d"))
+        actor_class(config.actor("d"), ROLES)
 
 
 def test_cli_reports_config_errors(tmp_path, capsys):
@@ -189,8 +204,8 @@ def test_the_learner_temperature_is_the_samplers_unless_set(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('[run]\nid = "x"\ndir = "' + str(tmp_path / "run") + '"\n[sampler]\ntemperature = 0.7\n')
     config = load_config(path)
-    assert config.section("ppo").temperature == 0.7
-    assert parse_config(config.to_jsonable()).section("ppo").temperature == 0.7
+    assert config.section(PPOConfig).temperature == 0.7
+    assert parse_config(config.to_jsonable()).section(PPOConfig).temperature == 0.7
     path.write_text('[run]\nid = "x"\ndir = "' + str(tmp_path / "run") + '"\n[sampler]\ntemperature = 0.7\n'
                     '[ppo]\ntemperature = 0.7\n')
-    assert load_config(path).section("ppo").temperature == 0.7
+    assert load_config(path).section(PPOConfig).temperature == 0.7

@@ -16,7 +16,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from _netns import require_netns
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300)]
@@ -55,7 +54,7 @@ def two_namespaces():
 DRIVER = textwrap.dedent("""
     import sys, trio
     from schemas.messages import Generic, Ping
-    from t1_actors.config import load_config
+    from t1_actors.job.config import load_config
     from t1_actors.runtime import DeadlineExceeded, connect
 
     async def main():

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import trio
+from _trio import trio_test  # noqa: E402
 
 import storage
-from _trio import trio_test  # noqa: E402
 from schemas.messages import Generic, Ping, Pong
-from t1_actors.config import load_config, parse_config
+from t1_actors.job.config import load_config, parse_config
 from t1_actors.runtime import DeadlineExceeded, connect
 from t1_actors.runtime.supervisor import Supervisor, SupervisorError
 

@@ -11,13 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
-
 from _trio import trio_test  # noqa: E402
-from schemas.messages import Cancel, GenerateReply, GenerateRequest, Generic, Ping, Pong, Shutdown
-from t1_actors.config import parse_config
-from t1_actors.runtime import (DeadlineExceeded, NoSuchPeer, RemoteError, RequestCancelled, connect,
-                               serve_actor)
 from test_runtime_actors import EchoActor, GracefulActor
+
+from schemas.messages import Cancel, GenerateReply, GenerateRequest, Generic, Ping, Pong, Shutdown
+from t1_actors.job.config import parse_config
+from t1_actors.runtime import DeadlineExceeded, NoSuchPeer, RemoteError, RequestCancelled, connect, serve_actor
 
 KEY = "test-key-0123456789abcdef"
 

@@ -12,6 +12,7 @@ import trio
 pytest.importorskip("t1_actors.runtime.host")
 
 from _trio import trio_test  # noqa: E402
+
 from schemas import Cancel, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn  # noqa: E402
 from t1_actors.policy import ModelConfig, MoEPolicy  # noqa: E402
 from t1_actors.runtime.errors import RemoteError  # noqa: E402

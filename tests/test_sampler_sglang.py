@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 import trio
-
-from sglang_standin import SGLangStandIn
 from _trio import trio_test  # noqa: E402
+from sglang_standin import SGLangStandIn
+
 from t1_actors.backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend
 from t1_actors.backends.sglang_sampler import SGLangError, SGLangSampler
 from t1_actors.policy import ModelConfig, MoEPolicy

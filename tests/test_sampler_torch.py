@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
 import trio
-
 from _trio import trio_test  # noqa: E402
+
 from t1_actors.backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend
 from t1_actors.backends.torch_sampler import TorchSampler
 from t1_actors.policy import ModelConfig, MoEPolicy

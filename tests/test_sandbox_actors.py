@@ -10,6 +10,7 @@ import trio
 pytest.importorskip("t1_actors.runtime.host")
 
 from _trio import trio_test  # noqa: E402
+
 from schemas import Cancel, ExecRequest, SandboxClose, SandboxExec, SandboxOpen, VerifierResult, VerifyRequest  # noqa: E402
 from t1_actors.backends._sandbox import cgroups  # noqa: E402
 from t1_actors.runtime.errors import RemoteError, RequestCancelled  # noqa: E402

@@ -243,7 +243,7 @@ def test_missing_api_key_is_a_clear_error():
 
 
 def test_verification_inside_a_daytona_sandbox(standin, backend, tmp_path):
-    from t1_actors.verification import Verifier, VerifierConfig
+    from t1_actors.verify.engine import Verifier, VerifierConfig
 
     tests = ("import os\n\ndef test_answer():\n    assert open('/app/answer.txt').read().strip() == '42'\n\n"
              "def test_env():\n    assert os.environ['TEST_DIR'] == '/tests' and os.getcwd() == '/app'\n\n"

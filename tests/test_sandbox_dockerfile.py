@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from t1_actors.backends.dockerfile import (
-    CopyStep, DockerfileError, RunStep, WorkdirStep, expand, parse_dockerfile, plan_dockerfile,
+    CopyStep,
+    DockerfileError,
+    RunStep,
+    WorkdirStep,
+    expand,
+    parse_dockerfile,
+    plan_dockerfile,
 )
 
 

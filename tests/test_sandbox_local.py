@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from t1_actors.backends._sandbox import cgroups
-from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig, SandboxBuildError, SandboxInfraError
+from t1_actors.backends.local_sandbox import (
+    LocalSandboxBackend,
+    LocalSandboxConfig,
+    SandboxBuildError,
+    SandboxInfraError,
+)
 from t1_actors.tasks.model import Environment, FileSpec, Limits, Task
 from t1_actors.tasks.model import Tests as TaskTests
 

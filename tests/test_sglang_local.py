@@ -11,12 +11,14 @@ import pytest
 import trio
 
 from schemas import SamplerTurn
-from t1_actors.backends.sglang_local import sampler_engine, server_sizes, wants_local_server, with_sampler_url
+from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.backends.sglang_server import SGLangServer, SGLangServerError, server_args
-from t1_actors.config import parse_config
+from t1_actors.job.config import parse_config
+from t1_actors.job.local_sglang import sampler_engine, server_sizes, wants_local_server, with_sampler_url
 from t1_actors.policy import ModelConfig, MoEPolicy
 from t1_actors.policy.sampling import Generation
 from t1_actors.rollout import RolloutLimits, run_trial
+from t1_actors.schedule import CampaignConfig
 
 SMALL = ModelConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
                     num_experts=4, top_k=2, moe_intermediate_size=8)
@@ -53,8 +55,8 @@ def test_a_local_server_run_is_sized_from_the_config_and_gets_its_url(tmp_path):
     assert not wants_local_server(_config(tmp_path))
     assert server_sizes(local) == (1024, 12)  # [campaign] max_context; the most trials at once
     moved = with_sampler_url(local, "http://127.0.0.1:4321")
-    assert moved.section("sampler").sglang_url == "http://127.0.0.1:4321"
-    assert moved.section("sampler").sglang_server == "local" and moved.section("campaign").max_context == 1024
+    assert moved.section(SamplerConfig).sglang_url == "http://127.0.0.1:4321"
+    assert moved.section(SamplerConfig).sglang_server == "local" and moved.section(CampaignConfig).max_context == 1024
 
 
 class _Log:

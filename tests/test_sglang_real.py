@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 import torch
 import trio
-
 from _trio import trio_test  # noqa: E402
+
 from schemas import GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn, TrajectoryAssembled
 from t1_actors.backends.sampler_backend import BackendUnavailable, GenerateSpec, SamplerConfig
 from t1_actors.backends.sglang_sampler import SGLangError, SGLangSampler
@@ -33,8 +33,8 @@ from t1_actors.backends.sglang_server import SETUP_HINT, SGLangServer, SGLangSer
 from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate
 from t1_actors.policy import ModelConfig, MoEPolicy
 from t1_actors.policy.sampling import Generation, SamplingParams
-from t1_actors.ppo import PPOConfig
 from t1_actors.rollout import RolloutLimits, ToolOutcome, run_trial
+from t1_actors.train.ppo import PPOConfig
 from tools._replay.drift import token_logprobs
 
 pytestmark = pytest.mark.slow
@@ -181,7 +181,7 @@ async def test_abort_request_ends_a_generation_with_what_it_has(server):
 
 
 def _actor_config(tmp_path, server):
-    from t1_actors.config import parse_config
+    from t1_actors.job.config import parse_config
 
     return parse_config({
         "run": {"id": "sglang-real", "dir": str(tmp_path / "run"), "hmac_key": "k" * 32},

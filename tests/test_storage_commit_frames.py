@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from storage_helpers import EXPERTS, LAYERS, TINY_CHUNKS, K, sampler_turn
 
 from storage import CorruptionError, EventLog
-from storage_helpers import EXPERTS, K, LAYERS, TINY_CHUNKS, sampler_turn
 
 ROUTING = dict(routing_shape=(LAYERS, K), num_experts=EXPERTS)
 

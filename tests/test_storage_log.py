@@ -12,10 +12,10 @@ import trio
 import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from storage_helpers import EXPERTS, LAYERS, TINY_CHUNKS, K, mixed_event, sampler_turn, trajectory
 
 from schemas import Heartbeat, SamplerTurn, TrialIssued
 from storage import CorruptionError, EventLog, EventRejected, LogError, LogNotFound, StorageConfig, WriterBusy
-from storage_helpers import EXPERTS, K, LAYERS, TINY_CHUNKS, mixed_event, sampler_turn, trajectory
 
 ROUTING = dict(routing_shape=(LAYERS, K), num_experts=EXPERTS)
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from storage_helpers import EXPERTS, LAYERS, TINY_CHUNKS, K, sampler_turn
 
 from schemas import SamplerTurn
 from storage import EventLog, LogError, StorageConfig
 from storage._packed import PACKED_ATTR, PackedStore, reserve, reserve_pays
-from storage_helpers import EXPERTS, K, LAYERS, TINY_CHUNKS, sampler_turn
 
 ROUTING = dict(routing_shape=(LAYERS, K), num_experts=EXPERTS)
 

@@ -11,9 +11,9 @@ import signal
 import time
 
 import pytest
+from storage_helpers import EXPERTS, LAYERS, TINY_CHUNKS, K, mixed_event
 
 from storage import EventLog, WriterBusy
-from storage_helpers import EXPERTS, K, LAYERS, TINY_CHUNKS, mixed_event
 
 ROUTING = dict(routing_shape=(LAYERS, K), num_experts=EXPERTS)
 FORK = multiprocessing.get_context("fork")  # a forked child starts in milliseconds, so 50 kills stay cheap

@@ -13,9 +13,9 @@ import sys
 import time
 
 import pytest
+from storage_helpers import EXPERTS, LAYERS, TINY_CHUNKS, K, mixed_event
 
 from storage import EventLog, LogError, WriterBusy
-from storage_helpers import EXPERTS, K, LAYERS, TINY_CHUNKS, mixed_event
 
 ROUTING = dict(routing_shape=(LAYERS, K), num_experts=EXPERTS)
 SHORT_LEASE = TINY_CHUNKS.model_copy(update={"lease_s": 1.0})

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from t1_actors.tasks import (
-    EXAMPLES_DIR, FAMILIES, TaskFormatError, detect_format, generate, load_task, load_tasks, oracle_trajectory,
+    EXAMPLES_DIR,
+    FAMILIES,
+    TaskFormatError,
+    detect_format,
+    generate,
+    load_task,
+    load_tasks,
+    oracle_trajectory,
     write_task,
 )
 from t1_actors.tasks.formats._common import runner_dependencies, runner_targets
@@ -221,7 +228,7 @@ def write_harbor_trio(root: Path) -> None:
 def test_written_tasks_run_through_the_sandbox_and_verifier(tmp_path):
     """Loader -> local sandbox (Dockerfile replayed) -> verifier: each oracle resolves its task, a no-op doesn't."""
     from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
-    from t1_actors.verification import Verifier, VerifierConfig
+    from t1_actors.verify.engine import Verifier, VerifierConfig
 
     write_terminal_bench_trio(tmp_path / "tb")
     write_harbor_trio(tmp_path / "harbor")

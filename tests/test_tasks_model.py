@@ -7,7 +7,15 @@ import pytest
 from pydantic import ValidationError
 
 from t1_actors.tasks import (
-    EXAMPLES_DIR, FAMILIES, TESTS_DIR, Task, TaskSets, TasksConfig, build_task_sets, generate, oracle_trajectory,
+    EXAMPLES_DIR,
+    FAMILIES,
+    TESTS_DIR,
+    Task,
+    TasksConfig,
+    TaskSets,
+    build_task_sets,
+    generate,
+    oracle_trajectory,
 )
 
 MINIMAL = {"id": "t", "family": "f", "instruction": "do it", "tests": {"files": {"test_x.py": "def test_x(): pass"}}}

@@ -21,7 +21,7 @@ def outcomes(tmp_path_factory):
     """Per family, one train task run three ways: the oracle, no command, the oracle's first command."""
     try:
         from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig, SandboxInfraError
-        from t1_actors.verification import Verifier, VerifierConfig
+        from t1_actors.verify.engine import Verifier, VerifierConfig
     except ImportError as exc:  # the sandbox is another module's; say so rather than pass silently
         pytest.fail(f"the local sandbox / verifier cannot be imported: {exc}")
     base = tmp_path_factory.mktemp("tasks-sandbox")
@@ -80,7 +80,7 @@ def new_kinds(tmp_path_factory):
     without the recovery's ``mkdir``."""
     from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig, SandboxInfraError
     from t1_actors.tasks.synthetic import generate_composite, generate_nested, generate_recovery
-    from t1_actors.verification import Verifier, VerifierConfig
+    from t1_actors.verify.engine import Verifier, VerifierConfig
 
     base = tmp_path_factory.mktemp("new-kinds")
     try:

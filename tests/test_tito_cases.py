@@ -8,17 +8,27 @@ import random
 import numpy as np
 import pytest
 import trio
+from _tito_harness import (
+    decode,
+    encode,
+    no_separator,
+    noncanonical,
+    parsed,
+    play,
+    project_tokenizer,
+    row_token,
+    strip_reasoning,
+    thinking_disabled,
+    tool_call_text,
+    traceable_routing,
+    verbatim,
+)
 
 import schemas
 from t1_actors import tito
 from t1_actors.policy.chat_template import IM_END, render_chat
 from t1_actors.policy.sampling import Generation
 from t1_actors.rollout import RolloutLimits, ToolOutcome, run_trial
-
-from _tito_harness import (
-    decode, encode, no_separator, noncanonical, parsed, play, project_tokenizer, row_token, strip_reasoning,
-    thinking_disabled, tool_call_text, traceable_routing, verbatim,
-)
 
 TEXTS = [tool_call_text("ls -la /app", "I'll list the files."), tool_call_text("wc -w /app/notes.txt"),
          "The file has 12 words." + IM_END]

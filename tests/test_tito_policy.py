@@ -6,15 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _tito_harness import decode, encode, project_tokenizer, verbatim
+from test_tito_cases import check_loss_region, loss_starts
 
 from t1_actors import tito
 from t1_actors.policy.chat_template import IM_END, render_chat
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.model import MoEPolicy
 from t1_actors.policy.sampling import SamplingParams, generate
-
-from _tito_harness import decode, encode, project_tokenizer, verbatim
-from test_tito_cases import check_loss_region, loss_starts
 
 
 @pytest.fixture(scope="module")

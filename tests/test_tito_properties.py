@@ -4,16 +4,25 @@ sampled text, TITO keeps its invariant (loss-region ids = sampled ids) and its e
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from _tito_harness import (
+    encode,
+    no_separator,
+    parsed,
+    play,
+    project_tokenizer,
+    row_token,
+    segment,
+    strip_reasoning,
+    thinking_disabled,
+    tool_call_text,
+    verbatim,
+)
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from test_tito_cases import check_loss_region, loss_starts
 
 from t1_actors import tito
 from t1_actors.policy.chat_template import IM_END, render_chat
-
-from _tito_harness import (
-    encode, no_separator, parsed, play, project_tokenizer, row_token, segment, strip_reasoning, thinking_disabled,
-    tool_call_text, verbatim,
-)
-from test_tito_cases import check_loss_region, loss_starts
 
 TOK = project_tokenizer()
 WORDS = st.text(alphabet="abcdefgz019 .,:;'\"/-_\n\t\u00e9\u2192\u4e2d", max_size=40)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _qwen3 import qwen3
+from _qwen3_tito import SCENARIOS, changed_tokens, measure, play
 
 from t1_actors import tito
 from t1_actors.tasks import generate, oracle_trajectory
-
-from _qwen3 import qwen3
-from _qwen3_tito import SCENARIOS, changed_tokens, measure, play
 
 # scenario -> the case of every boundary (follow_up: strict until the second query, split into it)
 EXPECTED = {"thinking": "strict", "noncanonical": "retokenized", "padded_think": "split", "empty_think": "split",

@@ -9,8 +9,6 @@ import torch
 import trio
 
 from schemas import EvalResult, StalenessDecision, TrajectoryAssembled, TrialEnded, TrialIssued, VerifierResult
-from t1_actors.rollout.admission import StalenessConfig, admit, grouped, policy_lag, trials_to_launch
-from t1_actors.eval_stats import wilson_interval
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.backends.torch_sampler import TorchSampler
@@ -18,12 +16,13 @@ from t1_actors.policy import ModelConfig, MoEPolicy
 from t1_actors.policy.sampling import SamplingParams
 from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
 from t1_actors.rollout import RolloutLimits
-from t1_actors.tasks import generate
-from t1_actors.rollout.trials import TrialRunner, eval_seed, play_all, run_batches, run_eval, run_warmup
-from t1_actors.verification import Verifier, VerifierConfig
-from t1_actors.warmstart import chat_corpus
-
+from t1_actors.rollout.admission import StalenessConfig, admit, grouped, policy_lag, trials_to_launch
 from t1_actors.rollout.inprocess import InProcessPorts
+from t1_actors.rollout.trials import TrialRunner, eval_seed, play_all, run_batches, run_eval, run_warmup
+from t1_actors.stats import wilson_interval
+from t1_actors.tasks import generate
+from t1_actors.verify.engine import Verifier, VerifierConfig
+from t1_actors.warmstart.finetune import chat_corpus
 
 
 def test_admission_rules():
@@ -42,12 +41,11 @@ def test_admission_rules():
 
 
 def test_a_group_baseline_without_groups_is_refused_before_anything_starts(tmp_path):
+    import re
     from pathlib import Path
 
     from t1_actors.job.main import load_campaign_config
-    from t1_actors.config import ConfigError
-
-    import re
+    from t1_actors.runtime.config import ConfigError
 
     text = (Path(__file__).resolve().parent.parent / "configs" / "tiny.toml").read_text()
     text = re.sub(r"(?m)^(advantage_estimator|group_size) = .*$", "", text)
@@ -160,7 +158,7 @@ def test_training_part_of_the_policy_on_the_megatron_learner_is_refused_before_a
     from pathlib import Path
 
     from t1_actors.job.main import load_campaign_config
-    from t1_actors.config import ConfigError
+    from t1_actors.runtime.config import ConfigError
 
     text = (Path(__file__).resolve().parent.parent / "configs" / "tiny.toml").read_text()
     assert 'actor_params = ["*"]' in text  # the recipe trains every weight; the norm-gain variant is a line away

@@ -13,7 +13,7 @@ from t1_actors import run_task
 from t1_actors.backends._sandbox import cgroups
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
 from t1_actors.tasks.formats import load_task
-from t1_actors.verification import Verifier, VerifierConfig
+from t1_actors.verify.engine import Verifier, VerifierConfig
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or cgroups.available() is not None,
                                 reason="the local sandbox needs root and cgroup v1 memory/pids")

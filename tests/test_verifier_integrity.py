@@ -11,10 +11,10 @@ import pytest
 
 from t1_actors.backends._sandbox import cgroups
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
-from t1_actors.ppo import REWARD_SCALE
 from t1_actors.tasks.model import Environment, FileSpec, Limits, Task
 from t1_actors.tasks.model import Tests as TaskTests
-from t1_actors.verification import Verifier, VerifierConfig, missing_dependencies, tree_sha256
+from t1_actors.train.ppo import REWARD_SCALE
+from t1_actors.verify.engine import Verifier, VerifierConfig, missing_dependencies, tree_sha256
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or cgroups.available() is not None,
                                 reason="the verifier needs root and cgroup v1 memory/pids")

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from t1_actors.policy import ModelConfig, MoEPolicy
 from t1_actors.policy.chat_template import render_chat
 from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
 from t1_actors.tasks import generate, oracle_trajectory
-import pytest
-
-from t1_actors.warmstart import (
-    DONE_TEXT, chat_corpus, execute_oracle_pool, oracle_messages, sft_example,
+from t1_actors.warmstart.finetune import (
+    DONE_TEXT,
+    chat_corpus,
+    execute_oracle_pool,
+    oracle_messages,
+    sft_example,
     supervised_finetune,
 )
 

@@ -12,7 +12,6 @@ import sys
 
 from tools._audit import capacity, tasks, verifiers
 
-
 SUBCOMMANDS = {"capacity": capacity, "tasks": tasks, "verifiers": verifiers}
 
 

@@ -11,7 +11,7 @@ new weights into the sampler. Defaults come from the run: ``[campaign] rl_steps`
 batch_size`` trials (``batch_size / group_size`` tasks x ``group_size``), ``[campaign] seed``: the same number
 of updates on the same tasks as the run's asynchronous campaign.
 
-The SFT and the final policy go through the campaign's eval protocol (``t1_actors.evaluation``, without
+The SFT and the final policy go through the campaign's eval protocol (``t1_actors.eval.protocol``, without
 pass@k): the best temperature on the validation split, then the eval split there, every pass seeded by
 ``trials.eval_seed`` (common random numbers), so ``vs_sft_best`` (gained / lost, McNemar p, the resolved
 change with its 95 % CI) is the figure the campaign's ``eval_change_vs_sft_best`` is compared with
@@ -38,6 +38,15 @@ from pathlib import Path
 
 from rich.table import Table
 
+from t1_actors.backends.sampler_backend import SamplerConfig
+from t1_actors.backends.sandbox_backend import SandboxConfig
+from t1_actors.critic import CriticConfig
+from t1_actors.eval.protocol import EvalConfig
+from t1_actors.rollout.admission import StalenessConfig
+from t1_actors.schedule import CampaignConfig
+from t1_actors.tasks.config import TasksConfig
+from t1_actors.train.ppo import PPOConfig
+from t1_actors.verify.engine import VerifierConfig
 from tools._output import console, fail, print_json
 
 ON_POLICY_GAP = 1e-5  # mean |logprob gap| of the first forward; fp32 on both sides gives ~1e-7
@@ -67,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def probe_config(run: Path, overrides: list[str]):
     """The run's resolved config with ``SECTION.KEY=VALUE`` overrides, validated like any config."""
-    from t1_actors.config import ConfigError, load_config, parse_config
+    from t1_actors.job.config import load_config, parse_config
+    from t1_actors.runtime.config import ConfigError
 
     path = run / "config.resolved.json"
     if not path.is_file():
@@ -96,16 +106,16 @@ class Probe:
 
         from t1_actors.backends.local_sandbox import LocalSandboxBackend
         from t1_actors.backends.torch_learner import TorchCritic, TorchLearner
-        from t1_actors.job.layout import tokenizer_path
+        from t1_actors.layout import tokenizer_path
         from t1_actors.policy import MoEPolicy
         from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
         from t1_actors.tasks import build_task_sets
-        from t1_actors.verification import Verifier
+        from t1_actors.verify.engine import Verifier
 
         torch.set_num_threads(threads)
-        self.config, self.campaign = config, config.section("campaign")
-        self.ppo = config.section("ppo")
-        self.tasks = build_task_sets(config.section("tasks"))
+        self.config, self.campaign = config, config.section(CampaignConfig)
+        self.ppo = config.section(PPOConfig)
+        self.tasks = build_task_sets(config.section(TasksConfig))
         self.tokenizer = load_tokenizer(tokenizer_path(run))
         self.stop_id = special_token_ids(self.tokenizer)["<|im_end|>"]
         try:
@@ -116,28 +126,28 @@ class Probe:
                                     "inside RUN, e.g. weights/v00000") from None
         critic = TorchCritic.for_policy(policy, self.ppo) if self.ppo.advantage_estimator == "gae" else None
         self.learner = TorchLearner(policy, self.ppo, critic=critic, fidelity_metrics=False)
-        self.sandbox = LocalSandboxBackend(config.section("sandbox").local)
-        self.verifier = Verifier(config.section("verifier"))
+        self.sandbox = LocalSandboxBackend(config.section(SandboxConfig).local)
+        self.verifier = Verifier(config.section(VerifierConfig))
 
     def close(self) -> None:
         self.verifier.close()
         self.sandbox.close()
 
     def runner(self, sampler):
-        from t1_actors.rollout.inprocess import InProcessPorts
         from t1_actors.policy.sampling import SamplingParams
+        from t1_actors.rollout.inprocess import InProcessPorts
         from t1_actors.rollout.trials import TrialRunner
 
         params = SamplingParams(max_new_tokens=self.campaign.max_new_tokens,
-                                temperature=self.config.section("sampler").temperature, stop_ids=(self.stop_id,))
+                                temperature=self.config.section(SamplerConfig).temperature, stop_ids=(self.stop_id,))
         ports = InProcessPorts(sampler, self.tasks.by_id, params, self.sandbox, self.verifier)
         return TrialRunner(ports, self.tasks.by_id, self.tokenizer, self.campaign.rollout_limits(),
                            run_tag="probe", tito_repairs=self.campaign.tito_repairs)
 
     async def evaluate(self, runner, task_ids: list[str]) -> dict:
         """Each task once, its turns seeded by ``eval_seed``: task id -> Outcome."""
-        from t1_actors.eval_stats import Outcome
         from t1_actors.rollout.trials import play_all
+        from t1_actors.stats import Outcome
 
         outcomes = await play_all(runner, task_ids, "eval", assemble=False,
                                   concurrency=self.campaign.eval_concurrency)
@@ -154,7 +164,7 @@ class Probe:
         outcomes = await play_all(runner, task_ids, "warmup", assemble=True,
                                   concurrency=self.campaign.eval_concurrency)
         trajectories = [tito.to_event(c, trial_id=o.trial_id, task_id=o.task_id) for o in outcomes for c in o.chunks]
-        size, model = self.config.section("critic").warmup_batch, self.learner.policy.config
+        size, model = self.config.section(CriticConfig).warmup_batch, self.learner.policy.config
         batches = [collate(trajectories[i:i + size], None, num_layers=model.num_layers, top_k=model.top_k,
                            require_routing=False) for i in range(0, len(trajectories), size)]
         report = self.learner.critic.warmup(batches)
@@ -205,9 +215,9 @@ class _Events:
 
 def logged_sft_best(run: Path):
     """The run's own SFT pass at its best temperature (label -> task -> Outcome), when its log has one."""
-    from t1_actors.job.layout import has_log, log_location
-    from t1_actors.eval_stats import first_attempts
-    from t1_actors.skill_report import EvalPasses, best_label
+    from t1_actors.eval.skills import EvalPasses, best_label
+    from t1_actors.layout import has_log, log_location
+    from t1_actors.stats import first_attempts
 
     if not has_log(run):
         return None, None
@@ -221,19 +231,19 @@ def logged_sft_best(run: Path):
 async def run_probe(args, run: Path, config, show) -> dict:
     from t1_actors.backends.sampler_backend import SamplerConfig
     from t1_actors.backends.torch_sampler import TorchSampler
-    from t1_actors.eval_stats import first_attempts, paired_change
-    from t1_actors.evaluation import evaluate_policy
-    from t1_actors.job.schedule import rl_task_order, warmup_task_ids
-    from t1_actors.skill_report import EvalPasses, best_label
+    from t1_actors.eval.protocol import evaluate_policy
+    from t1_actors.eval.skills import EvalPasses, best_label
+    from t1_actors.schedule import rl_task_order, warmup_task_ids
+    from t1_actors.stats import first_attempts, paired_change
 
     probe = Probe(run, config, args.ckpt, args.threads)
-    campaign = config.section("campaign")
+    campaign = config.section(CampaignConfig)
     rl_ids = [t.id for t in probe.tasks.rl]
     order = rl_task_order(rl_ids, args.seed)  # the campaign's task orders for this seed
     warm_ids = warmup_task_ids(rl_ids, campaign.warmup_trials, args.seed)
     eval_ids = [t.id for t in probe.tasks.eval[: args.eval_tasks]]
     validation_ids = [t.id for t in probe.tasks.validation] if eval_ids else []
-    run_temperature = config.section("sampler").temperature
+    run_temperature = config.section(SamplerConfig).temperature
     report: dict = {"run": str(run), "ckpt": args.ckpt, "actor_params": list(probe.ppo.actor_params),
                     "trained_tensors": len(probe.learner.trained_params), "steps": [], "evals": [],
                     "tasks_per_step": args.tasks, "group": args.group, "seed": args.seed}
@@ -245,7 +255,7 @@ async def run_probe(args, run: Path, config, show) -> dict:
 
             async def protocol(policy: str) -> float:
                 return await evaluate_policy(runner, policy, validation_ids=validation_ids, eval_ids=eval_ids,
-                                             pass_k_ids=[], config=config.section("eval"),
+                                             pass_k_ids=[], config=config.section(EvalConfig),
                                              run_temperature=run_temperature,
                                              concurrency=campaign.eval_concurrency, done=done,
                                              on_pass=lambda name: _shown(show, f"eval {name}"))
@@ -319,7 +329,7 @@ async def run_eval_at(runner, task_ids: list[str], label: str, temperature: floa
 def main(argv: list[str] | None = None) -> int:
     import trio
 
-    from t1_actors.config import ConfigError
+    from t1_actors.runtime.config import ConfigError
 
     args = _parser().parse_args(argv)
     run = Path(args.run)
@@ -327,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     show = (lambda line: None) if args.json else out.print
     try:
         config = probe_config(run, args.set)
-        campaign, staleness = config.section("campaign"), config.section("staleness")
+        campaign, staleness = config.section(CampaignConfig), config.section(StalenessConfig)
         args.group = staleness.group_size if args.group is None else args.group
         args.tasks = max(1, staleness.batch_size // args.group) if args.tasks is None else args.tasks
         args.steps = (campaign.rl_steps or 25) if args.steps is None else args.steps

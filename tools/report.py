@@ -15,12 +15,18 @@ from pathlib import Path
 import numpy as np
 
 from schemas import (
-    CriticWarmup, EvalResult, LearnerStep, SamplerTurn, StalenessDecision, TrajectoryAssembled, TrialIssued,
+    CriticWarmup,
+    EvalResult,
+    LearnerStep,
+    SamplerTurn,
+    StalenessDecision,
+    TrajectoryAssembled,
+    TrialIssued,
     VerifierResult,
 )
 from storage import EventLog
-from tools._skill import kl_rl_sft, plot_pass_at_k
-from tools.time_shares import plot_time_shares
+from tools._report.skill import kl_rl_sft, plot_pass_at_k
+from tools._report.time_shares import plot_time_shares
 
 
 def series_of(events) -> dict:
@@ -300,7 +306,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
 
 
 def _pass_at_k(view) -> dict:
-    from t1_actors.eval_stats import labelled_attempts, pass_at_k_curve
+    from t1_actors.stats import labelled_attempts, pass_at_k_curve
 
     attempts = labelled_attempts(e for _, e in view.events)
     return {policy: pass_at_k_curve(attempts.get(f"{policy}_passk", [])) for policy in ("sft", "rl")}

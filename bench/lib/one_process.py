@@ -9,7 +9,7 @@ learner does) and the sampler loading each new version between generations. The 
 the campaign's warm-up trials, as the campaign's does. Threads as in the campaign: one torch thread per
 engine (the sampler's, the learner's), the sandbox and verifier in their own processes.
 
-``run_one_process`` returns the RL window's figures as ``tools.time_shares.rl_figures`` computes them for the
+``run_one_process`` returns the RL window's figures as ``tools._report.time_shares.rl_figures`` computes them for the
 campaign: the first training trial's issue to the publication of version ``steps``.
 """
 
@@ -23,10 +23,19 @@ from pathlib import Path
 
 import trio
 
+from bench.lib.cpu import spent, tree_cpu
 from schemas import StalenessDecision, TrajectoryAssembled, TrialIssued
+from t1_actors.backends.sampler_backend import SamplerConfig
+from t1_actors.backends.sandbox_backend import SandboxConfig
+from t1_actors.critic import CriticConfig
+from t1_actors.learner import LearnerConfig
+from t1_actors.policy.config import ModelConfig
+from t1_actors.rollout.admission import StalenessConfig
 from t1_actors.rollout.inprocess import InProcessPorts
-
-from .cpu import spent, tree_cpu
+from t1_actors.schedule import CampaignConfig
+from t1_actors.tasks.config import TasksConfig
+from t1_actors.train.ppo import PPOConfig
+from t1_actors.verify.engine import VerifierConfig
 
 
 class _LearningPorts(InProcessPorts):
@@ -61,29 +70,29 @@ async def run_one_process(config, sft_run: Path, steps: int) -> dict:
     from t1_actors.backends.local_sandbox import LocalSandboxBackend
     from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate
     from t1_actors.backends.torch_sampler import TorchSampler
-    from t1_actors.job.layout import tokenizer_path, weights_dir
-    from t1_actors.job.schedule import rl_task_order, warmup_task_ids
+    from t1_actors.layout import tokenizer_path, weights_dir
     from t1_actors.policy import MoEPolicy
     from t1_actors.policy.sampling import SamplingParams
     from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
     from t1_actors.rollout.admission import grouped
     from t1_actors.rollout.trials import BatchStats, TrialRunner, run_batches, run_warmup
+    from t1_actors.schedule import rl_task_order, warmup_task_ids
     from t1_actors.tasks import build_task_sets
-    from t1_actors.verification import Verifier
+    from t1_actors.verify.engine import Verifier
 
-    campaign, staleness, ppo = config.section("campaign"), config.section("staleness"), config.section("ppo")
-    sampler_config, learner_config = config.section("sampler"), config.section("learner")
-    model = config.section("model")
+    campaign, staleness, ppo = config.section(CampaignConfig), config.section(StalenessConfig), config.section(PPOConfig)
+    sampler_config, learner_config = config.section(SamplerConfig), config.section(LearnerConfig)
+    model = config.section(ModelConfig)
     torch.set_num_threads(learner_config.threads)
-    tasks = build_task_sets(config.section("tasks"))
+    tasks = build_task_sets(config.section(TasksConfig))
     tokenizer = load_tokenizer(tokenizer_path(sft_run))
     policy = MoEPolicy.load(weights_dir(sft_run, 0))
-    critic = TorchCritic.for_policy(policy, ppo, seed=config.section("critic").seed) \
+    critic = TorchCritic.for_policy(policy, ppo, seed=config.section(CriticConfig).seed) \
         if ppo.advantage_estimator == "gae" else None
     learner = TorchLearner(policy, ppo, critic=critic, replay=learner_config.replay,
                            fidelity_metrics=learner_config.fidelity_metrics, seed=learner_config.seed)
-    sandbox = LocalSandboxBackend(config.section("sandbox").local)
-    verifier = Verifier(config.section("verifier"))
+    sandbox = LocalSandboxBackend(config.section(SandboxConfig).local)
+    verifier = Verifier(config.section(VerifierConfig))
     params = SamplingParams(max_new_tokens=campaign.max_new_tokens, temperature=sampler_config.temperature,
                             top_p=sampler_config.top_p,
                             stop_ids=(special_token_ids(tokenizer)["<|im_end|>"],))
@@ -100,7 +109,7 @@ async def run_one_process(config, sft_run: Path, steps: int) -> dict:
             if critic is not None and campaign.warmup_trials:
                 warm = await run_warmup(runner, warmup_task_ids(rl_ids, campaign.warmup_trials, campaign.seed),
                                         concurrency=campaign.eval_concurrency)
-                size = config.section("critic").warmup_batch
+                size = config.section(CriticConfig).warmup_batch
                 chunks = [c for t in warm for c in ports.chunks.pop(t, [])]
                 batches = [collate(chunks[i:i + size], None, num_layers=model.num_layers, top_k=model.top_k,
                                    require_routing=False) for i in range(0, len(chunks), size)]

@@ -18,7 +18,7 @@ class RaySide:
         self.ray, self.actor = ray, actor
 
     @classmethod
-    def start(cls) -> "tuple[RaySide | None, str | None]":
+    def start(cls) -> tuple[RaySide | None, str | None]:
         """A local Ray with one echo actor, or (None, why not)."""
         try:
             import ray

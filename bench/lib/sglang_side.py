@@ -19,11 +19,10 @@ from pathlib import Path
 
 import torch
 
+from bench.lib.cpu import tree_cpu
+from bench.lib.hf_generate import SHAPES
 from t1_actors.policy import MoEPolicy
 from t1_actors.policy.sampling import SamplingParams, generate
-
-from .cpu import tree_cpu
-from .hf_generate import SHAPES
 
 
 def _t1(policy, prompts, new_tokens: int, capture: bool) -> tuple[float, int]:

@@ -35,12 +35,11 @@ from pathlib import Path
 
 import torch
 
+from bench.lib.cpu import tree_cpu
+from bench.lib.hf_generate import SHAPES
 from t1_actors.backends.sglang_server import checkpoint_dtype, free_port, stop_group, wait_healthy
 from t1_actors.policy import MoEPolicy
 from t1_actors.policy.sampling import SamplingParams, generate
-
-from .cpu import tree_cpu
-from .hf_generate import SHAPES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SETUP_HINT = "run `bash .ci/setup-vllm` (optional; .ci/setup does not call it)"
@@ -99,7 +98,7 @@ class VLLMServer:
     @classmethod
     def start(cls, policy_dir: str | Path, *, max_model_len: int = 1024, max_num_seqs: int = 32,
               venv: str | Path | None = None, log_path: str | Path | None = None,
-              start_timeout_s: float = 300.0) -> "VLLMServer":
+              start_timeout_s: float = 300.0) -> VLLMServer:
         """Spawn the server and wait for ``/health``; stopped again before any error is raised."""
         policy_dir = Path(policy_dir).resolve()
         dtype = checkpoint_dtype(policy_dir)
@@ -178,7 +177,7 @@ class VLLMServer:
         _RUNNING.discard(self)
         stop_group(self.process, grace_s)
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self
 
     def __exit__(self, *exc) -> None:

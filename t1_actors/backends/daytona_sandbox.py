@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._sandbox.interface import BuildReport, ExecResult, SandboxInfraError
-from ._sandbox.remote_verify import ENV_READY_MARKER
+from t1_actors.backends._sandbox.interface import BuildReport, ExecResult, SandboxInfraError
+from t1_actors.backends._sandbox.remote_verify import ENV_READY_MARKER
 
 if TYPE_CHECKING:
     from t1_actors.tasks.model import Task
@@ -69,7 +69,7 @@ class DaytonaSandboxBackend:
         self._open: dict[str, DaytonaSandbox] = {}
         self._lock = threading.Lock()
 
-    def _params(self, task: "Task", name: str) -> Any:
+    def _params(self, task: Task, name: str) -> Any:
         from daytona import CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, Image, Resources
 
         common: dict[str, Any] = dict(name=name, network_block_all=True, env_vars=dict(task.environment.env),
@@ -94,7 +94,7 @@ class DaytonaSandboxBackend:
         digest = hashlib.sha256(trial_id.encode()).hexdigest()[:10]
         return f"{self.config.name_prefix}{re.sub(r'[^a-z0-9-]', '-', trial_id.lower())[:40]}-{digest}"
 
-    def attach(self, task: "Task", trial_id: str) -> "DaytonaSandbox":
+    def attach(self, task: Task, trial_id: str) -> DaytonaSandbox:
         """The open sandbox of ``trial_id`` (created by any process); closing it detaches, never deletes."""
         try:
             remote = self.client.get(self.sandbox_name(trial_id))
@@ -102,7 +102,7 @@ class DaytonaSandboxBackend:
             raise SandboxInfraError(f"no Daytona sandbox for trial {trial_id}: {exc}") from exc
         return DaytonaSandbox(self, task, trial_id, remote, BuildReport(task.environment.base_image), owned=False)
 
-    def open(self, task: "Task", trial_id: str) -> "DaytonaSandbox":
+    def open(self, task: Task, trial_id: str) -> DaytonaSandbox:
         name = self.sandbox_name(trial_id)
         start = time.monotonic()
         try:
@@ -131,7 +131,7 @@ class DaytonaSandboxBackend:
         except Exception:  # noqa: BLE001 - nothing was created, or it is already gone
             pass
 
-    def _forget(self, sandbox: "DaytonaSandbox") -> None:
+    def _forget(self, sandbox: DaytonaSandbox) -> None:
         with self._lock:
             self._open.pop(sandbox.remote.name, None)
 
@@ -143,7 +143,7 @@ class DaytonaSandboxBackend:
 
 
 class DaytonaSandbox:
-    def __init__(self, backend: DaytonaSandboxBackend, task: "Task", trial_id: str, remote: Any, build: BuildReport,
+    def __init__(self, backend: DaytonaSandboxBackend, task: Task, trial_id: str, remote: Any, build: BuildReport,
                  owned: bool = True):
         self.owned = owned  # False when attached: close() detaches and leaves the sandbox to its owner
         self.backend = backend
@@ -226,7 +226,7 @@ class DaytonaSandbox:
             raise SandboxInfraError(f"Daytona could not delete sandbox {self.remote.id} of trial {self.trial_id}: "
                                     f"{exc}; auto-stop ({self.backend.config.auto_stop_minutes} min) will") from exc
 
-    def __enter__(self) -> "DaytonaSandbox":
+    def __enter__(self) -> DaytonaSandbox:
         return self
 
     def __exit__(self, *exc) -> None:

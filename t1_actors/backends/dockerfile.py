@@ -29,7 +29,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._sandbox.profiles import IMAGE_ENV, profile_for
+from t1_actors.backends._sandbox.profiles import IMAGE_ENV, profile_for
 
 DEFAULT_SHELL = ("/bin/sh", "-c")
 _HEREDOC = re.compile(r"<<(-?)(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")

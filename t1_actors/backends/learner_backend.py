@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Protocol
 
-from .. import ppo
-from ..policy.model import MoEPolicy
-from ._learner_batch import TrajectoryBatch
-from .torch_learner import PublishedWeights, StepResult, TorchLearner
+from t1_actors.backends.torch_learner import PublishedWeights, StepResult, TorchLearner
+from t1_actors.policy.model import MoEPolicy
+from t1_actors.train import ppo
+from t1_actors.train.batch import TrajectoryBatch
 
 Backend = Literal["torch", "megatron"]
 
@@ -41,7 +41,7 @@ def open_learner_backend(backend: Backend, policy: MoEPolicy, cfg: ppo.PPOConfig
                          replay: bool = True, fidelity_metrics: bool = True, seed: int = 0) -> LearnerBackend:
     """The engine ``backend`` names, holding ``policy`` at ``policy_version``."""
     if backend == "megatron":
-        from .megatron_learner import MegatronLearner  # megatron-core is an optional extra
+        from t1_actors.backends.megatron_learner import MegatronLearner  # megatron-core is an optional extra
 
         engine = MegatronLearner(policy.config, cfg, policy_version=policy_version, replay=replay,
                                  fidelity_metrics=fidelity_metrics, seed=seed)

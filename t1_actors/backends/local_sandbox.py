@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._sandbox import cgroups, disk
-from ._sandbox.image import Image, SandboxBuildError, build_image
-from ._sandbox.interface import BuildReport, ExecResult, Sandbox, SandboxBackend, SandboxInfraError
-from ._sandbox.layers import Layer, RootStack, make_skeleton, remove_tree, unmount_all
-from ._sandbox.rootfs import RootFS
-from ._sandbox.runner import BASE_ENV, ExecLimits, bwrap_path, run_in_root
+from t1_actors.backends._sandbox import cgroups, disk
+from t1_actors.backends._sandbox.image import Image, SandboxBuildError, build_image
+from t1_actors.backends._sandbox.interface import BuildReport, ExecResult, Sandbox, SandboxBackend, SandboxInfraError
+from t1_actors.backends._sandbox.layers import Layer, RootStack, make_skeleton, remove_tree, unmount_all
+from t1_actors.backends._sandbox.rootfs import RootFS
+from t1_actors.backends._sandbox.runner import BASE_ENV, ExecLimits, bwrap_path, run_in_root
 
 if TYPE_CHECKING:
     from t1_actors.tasks.model import Task
@@ -85,7 +85,7 @@ class TrialRoot:
                 "workdir": self.workdir, "env": self.env}
 
     @classmethod
-    def from_json(cls, data: dict) -> "TrialRoot":
+    def from_json(cls, data: dict) -> TrialRoot:
         return cls(data["trial_id"], RootStack.from_json(data["stack"]), Layer(Path(data["upper"])),
                    data["workdir"], data["env"])
 
@@ -125,9 +125,9 @@ class LocalSandboxBackend:
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         system_dirs = make_skeleton(self.base / "skeleton")
         self.base_stack = RootStack(self.base / "skeleton", (), system_dirs)
-        self._images: dict[str, tuple["Task", Image]] = {}
+        self._images: dict[str, tuple[Task, Image]] = {}
         self._lock = threading.Lock()
-        self._open: dict[str, "LocalSandbox"] = {}
+        self._open: dict[str, LocalSandbox] = {}
         self._teardown: queue.Queue[tuple[list[str], Path] | None] = queue.Queue()
         self._reaper = threading.Thread(target=self._reap, name="t1-sandbox-reaper", daemon=True)
         self._reaper.start()
@@ -149,7 +149,7 @@ class LocalSandboxBackend:
         """Block until every closed sandbox is unmounted and deleted."""
         self._teardown.join()
 
-    def image(self, task: "Task") -> Image:
+    def image(self, task: Task) -> Image:
         """The task's environment image (built on first use, then cached on disk and in memory)."""
         with self._lock:
             known = self._images.get(task.id)
@@ -163,7 +163,7 @@ class LocalSandboxBackend:
             self._images[task.id] = (task, image)  # the same Task object skips re-hashing its build context
         return image
 
-    def open(self, task: "Task", trial_id: str) -> "LocalSandbox":
+    def open(self, task: Task, trial_id: str) -> LocalSandbox:
         image = self.image(task)
         directory = self.trials_dir / f"{_SAFE.sub('_', trial_id)[:64]}-{secrets.token_hex(4)}"
         stack = RootStack(self.base_stack.skeleton, (image.layer,), self.base_stack.system_dirs)
@@ -188,7 +188,7 @@ class LocalSandboxBackend:
             self._open[sandbox.directory.name] = sandbox
         return sandbox
 
-    def _forget(self, sandbox: "LocalSandbox") -> None:
+    def _forget(self, sandbox: LocalSandbox) -> None:
         with self._lock:
             self._open.pop(sandbox.directory.name, None)
 
@@ -232,7 +232,7 @@ class LocalSandboxBackend:
 class LocalSandbox:
     """One trial's sandbox. ``exec`` may be called from any thread, one call at a time per trial."""
 
-    def __init__(self, backend: LocalSandboxBackend, task: "Task", trial_id: str, directory: Path, root: Path,
+    def __init__(self, backend: LocalSandboxBackend, task: Task, trial_id: str, directory: Path, root: Path,
                  mounted: list[str], trial_root: TrialRoot, build: BuildReport):
         self.backend = backend
         self.task = task
@@ -293,7 +293,7 @@ class LocalSandbox:
         if self._closed:
             raise SandboxInfraError(f"sandbox of trial {self.trial_id} is closed")
 
-    def __enter__(self) -> "LocalSandbox":
+    def __enter__(self) -> LocalSandbox:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,4 +1,4 @@
-"""Megatron-core learner backend: the same PPO step (``_ppo_step`` + ``t1_actors.ppo``) on a megatron-core
+"""Megatron-core learner backend: the same PPO step (``_ppo_step`` + ``t1_actors.train.ppo``) on a megatron-core
 ``GPTModel`` with MoE, R3 through megatron's own ``RouterReplay``.
 
     learner = MegatronLearner(model_config, PPOConfig())           # tiny model: CPU works too
@@ -29,13 +29,22 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .. import ppo
-from ..policy.config import ModelConfig
-from ..policy.model import MoEPolicy
-from ._learner_batch import TrajectoryBatch
-from ._ppo_step import Trainable, run_ppo_step
-from .torch_learner import (CHECKPOINT_FORMAT, PublishedWeights, StepResult, TorchCritic, cursor_bytes, cursor_tensor,
-                            make_optimizer, sha256_file, version_dirname)
+from t1_actors.backends.torch_learner import (
+    CHECKPOINT_FORMAT,
+    PublishedWeights,
+    StepResult,
+    TorchCritic,
+    cursor_bytes,
+    cursor_tensor,
+    make_optimizer,
+    sha256_file,
+    version_dirname,
+)
+from t1_actors.policy.config import ModelConfig
+from t1_actors.policy.model import MoEPolicy
+from t1_actors.train import ppo
+from t1_actors.train.batch import TrajectoryBatch
+from t1_actors.train.step import Trainable, run_ppo_step
 
 __all__ = ["MegatronLearner", "build_gpt_model", "to_policy_state", "from_policy_state"]
 

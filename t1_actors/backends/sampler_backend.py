@@ -13,13 +13,13 @@ position: ``[len(prompt) + len(output) - 1, layers, k]``.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Literal, Protocol, Sequence, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from t1_actors.config import section
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.sampling import Generation, SamplingParams
 
@@ -70,7 +70,6 @@ class SamplerBackend(Protocol):
         ...
 
 
-@section("sampler")
 class SamplerConfig(BaseModel):
     """[sampler]: which engine serves the policy and how. Defaults: the tiny embedded run.
 
@@ -112,7 +111,7 @@ async def open_sampler_backend(config: SamplerConfig, *, policy=None, policy_pat
     (the served model's shape) sizes the routing record.
     """
     if config.backend == "torch":
-        from .torch_sampler import TorchSampler
+        from t1_actors.backends.torch_sampler import TorchSampler
 
         if policy is None:
             if policy_path is None:
@@ -122,7 +121,7 @@ async def open_sampler_backend(config: SamplerConfig, *, policy=None, policy_pat
         async with TorchSampler.open(policy, config=config, version=version) as backend:
             yield backend
     else:
-        from .sglang_sampler import SGLangSampler
+        from t1_actors.backends.sglang_sampler import SGLangSampler
 
         async with SGLangSampler.open(config, model=model, version=version) as backend:
             yield backend

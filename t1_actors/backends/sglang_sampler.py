@@ -22,18 +22,18 @@ Never a silent fallback: a server that is not there at ``open``, or stops answer
 from __future__ import annotations
 
 import base64
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 import numpy as np
 import trio
 
 from schemas import routing_dtype
+from t1_actors.backends.sampler_backend import BackendUnavailable, EngineInfo, GenerateSpec, SamplerConfig
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.sampling import FinishReason, Generation
-
-from .sampler_backend import BackendUnavailable, EngineInfo, GenerateSpec, SamplerConfig
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
 _ABORT_TRIES = 50
@@ -60,7 +60,7 @@ class SGLangSampler:
     @classmethod
     @asynccontextmanager
     async def open(cls, config: SamplerConfig, *, model: ModelConfig | None = None, version: int = 0,
-                   transport: httpx.AsyncBaseTransport | None = None) -> AsyncIterator["SGLangSampler"]:
+                   transport: httpx.AsyncBaseTransport | None = None) -> AsyncIterator[SGLangSampler]:
         """``model`` gives layers, k and expert count for the routing record (default: the tiny model)."""
         timeout = httpx.Timeout(config.request_timeout_s, connect=10.0)
         async with httpx.AsyncClient(base_url=config.sglang_url, timeout=timeout, transport=transport) as client:
@@ -198,7 +198,7 @@ class SGLangSampler:
 
 async def _engine(client: httpx.AsyncClient, url: str) -> EngineInfo:
     """The server's ``EngineInfo``; ``BackendUnavailable`` when nothing answers at ``url``."""
-    from .sglang_server import engine_from_server_info
+    from t1_actors.backends.sglang_server import engine_from_server_info
 
     try:
         response = await client.get("/get_server_info", timeout=30.0)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import httpx
 
-from .sampler_backend import EngineInfo
+from t1_actors.backends.sampler_backend import EngineInfo
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BOOT = Path(__file__).with_name("_sglang_boot.py")
@@ -139,7 +139,7 @@ class SGLangServer:
     def start(cls, policy_dir: str | Path, *, context_length: int = 512, max_concurrent: int = 64,
               port: int | None = None, dtype: str | None = None, weight_version: int = 0,
               venv: str | Path | None = None, log_path: str | Path | None = None,
-              start_timeout_s: float = 300.0) -> "SGLangServer":
+              start_timeout_s: float = 300.0) -> SGLangServer:
         """Spawn the server and wait for ``/health``; stopped again before any error is raised."""
         policy_dir = Path(policy_dir).resolve()
         if not (policy_dir / "config.json").is_file():
@@ -196,7 +196,7 @@ class SGLangServer:
         self.process.wait()
         _RUNNING.discard(self)
 
-    def __enter__(self) -> "SGLangServer":
+    def __enter__(self) -> SGLangServer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -15,13 +15,12 @@ import numpy as np
 import torch
 
 from schemas import CriticValues, CriticWarmup, TrajectoryAssembled
-
-from .. import ppo
-from ..policy.model import MoEPolicy
-from ..policy.value import ValueModel
-from ._learner_batch import TrajectoryBatch, collate
-from ._optim import make_optimizer
-from ._ppo_step import Trainable, advantages_and_returns, monte_carlo_returns, run_value_updates
+from t1_actors.policy.model import MoEPolicy
+from t1_actors.policy.value import ValueModel
+from t1_actors.train import ppo
+from t1_actors.train.batch import TrajectoryBatch, collate
+from t1_actors.train.optim import make_optimizer
+from t1_actors.train.step import Trainable, advantages_and_returns, monte_carlo_returns, run_value_updates
 
 __all__ = ["TorchCritic", "WarmupReport"]
 
@@ -49,7 +48,7 @@ class TorchCritic:
         self.updates = 0
 
     @classmethod
-    def for_policy(cls, policy: MoEPolicy, cfg: ppo.PPOConfig, **kwargs) -> "TorchCritic":
+    def for_policy(cls, policy: MoEPolicy, cfg: ppo.PPOConfig, **kwargs) -> TorchCritic:
         model = ValueModel.from_policy(policy) if cfg.value_init_from_policy else ValueModel(policy.config)
         return cls(model, cfg, **kwargs)
 

@@ -13,17 +13,16 @@ only its new tokens).
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 import torch
 import trio
 
+from t1_actors.backends.sampler_backend import EngineInfo, GenerateSpec, SamplerConfig
 from t1_actors.policy import MoEPolicy
 from t1_actors.policy.sampling import ContinuousBatcher, Generation
-
-from .sampler_backend import EngineInfo, GenerateSpec, SamplerConfig
 
 
 @dataclass
@@ -60,7 +59,7 @@ class TorchSampler:
     @classmethod
     @asynccontextmanager
     async def open(cls, policy: MoEPolicy, *, config: SamplerConfig | None = None,
-                   version: int = 0) -> AsyncIterator["TorchSampler"]:
+                   version: int = 0) -> AsyncIterator[TorchSampler]:
         config = config or SamplerConfig()
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)

@@ -1,58 +1,137 @@
-"""``[campaign]``: the phases' budgets, read by the job, the staleness controller and ``t1-probe``.
+"""A campaign's whole config: ``RunConfig``, one typed field per section, validated with every rule across
+sections before any process starts (``t1-actor launch``, ``check`` and every ``t1-actor ROLE`` refuse the same
+configs).
 
-The rules across sections live in ``job.rules`` and run on every load of a run config.
+Each section's model lives with the code that reads it (``[learner]`` in ``t1_actors.learner``, ``[campaign]`` in
+``t1_actors.schedule`` ...); code below the job reads its section with ``config.section(Model)``. A rule across
+sections is a model validator here and raises ``ValueError`` naming both keys and the fix; a value one key sets
+for two sections is filled in before validation, never written into the frozen model.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, model_validator
 
-from ..rollout import RolloutLimits
+from t1_actors.backends.sampler_backend import SamplerConfig
+from t1_actors.backends.sandbox_backend import SandboxConfig
+from t1_actors.critic import CriticConfig
+from t1_actors.eval.protocol import EvalConfig
+from t1_actors.learner import LearnerConfig
+from t1_actors.policy.config import ModelConfig
+from t1_actors.rollout.admission import StalenessConfig
+from t1_actors.runtime import config as runtime_config
+from t1_actors.runtime.config import RuntimeConfig
+from t1_actors.schedule import CampaignConfig
+from t1_actors.tasks.config import TasksConfig
+from t1_actors.train.ppo import PPOConfig
+from t1_actors.verify.engine import VerifierConfig
 
 
-class CampaignConfig(BaseModel):
-    """[campaign]: the phases' budgets. Defaults: the <= 30 min tiny run on 2 CPU cores."""
+class RunConfig(RuntimeConfig):
+    """A campaign: the runtime's sections (``[run]``, ``[transport]``, ``[supervisor]``, ``[[actors]]``,
+    ``[storage]``) and one field per section of the recipe."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    verifier: VerifierConfig = Field(default_factory=VerifierConfig)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    staleness: StalenessConfig = Field(default_factory=StalenessConfig)
+    campaign: CampaignConfig = Field(default_factory=CampaignConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
-    seed: int = 0
-    tokenizer_vocab: int = Field(1024, ge=300)
-    tokenizer: str | None = Field(None, description="an HF tokenizer directory (tokenizer.json + tokenizer_config.json "
-                                                    "with its chat_template, e.g. .cache/qwen3-tokenizer) used instead "
-                                                    "of training t1's BPE: its template renders SFT chats (with "
-                                                    "reasoning, t1_actors.chat_sft) and every prompt; [model] "
-                                                    "vocab_size becomes its size")
-    sft_steps: int | None = Field(600, gt=0, description="SFT optimiser steps (None: train until sft_seconds); "
-                                                        "a step budget makes two runs of one seed the same")
-    sft_seconds: float = Field(1800.0, gt=0, description="upper bound on SFT's wall time (the whole budget when "
-                                                         "sft_steps is None)")
-    sft_batch_size: int = Field(32, gt=0)
-    sft_lr: float = Field(1e-3, gt=0)
-    sft_max_len: int = Field(640, gt=16)
-    sft_threads: int = Field(2, gt=0)
-    sft_oracle_workers: int = Field(2, gt=0, description="sandboxes executing oracles at once before SFT")
-    sft_anchor_every: int = Field(2, ge=0, description="every n-th SFT step trains on one fixed anchor batch "
-                                                       "(0: never); see warmstart.supervised_finetune")
-    warmup_trials: int = Field(64, ge=0)
-    rl_steps: int | None = Field(None, ge=0, description="PPO steps (admitted batches) of the RL phase; None: "
-                                                        "until rl_seconds")
-    rl_seconds: float = Field(660.0, ge=0, description="upper bound on the RL phase's wall time (the whole budget "
-                                                       "when rl_steps is None)")
-    eval_concurrency: int = Field(32, gt=0)
-    max_turns: int = Field(4, gt=0)
-    max_new_tokens: int = Field(64, gt=0)
-    max_context: int = Field(768, gt=32)
-    tool_output_chars: int = Field(240, gt=0)
-    actor_ready_timeout_s: float = Field(120.0, gt=0)
-    finish_timeout_s: float = Field(600.0, gt=0)  # after rl_seconds: last steps and the final eval
-    warm_start_from: str | None = Field(None, description="a previous run's directory: reuse its tokenizer and "
-                                                          "SFT policy (version 0) instead of phases 2-3")
-    tito_repairs: list[Literal["normalized", "retokenized"]] = Field(
-        [], description="TITO repairs tried before a split ([] = every loss token keeps the sampler's exact "
-                        "context; a repaired boundary trains later turns on a context the sampler never saw)")
+    def routing_shape(self) -> tuple[int, int, int]:
+        return (self.model.num_layers, self.model.top_k, self.model.num_experts)
 
-    def rollout_limits(self) -> RolloutLimits:
-        return RolloutLimits(max_turns=self.max_turns, max_new_tokens=self.max_new_tokens,
-                             max_context=self.max_context, tool_output_chars=self.tool_output_chars)
+    # ---- one key for two sections ---------------------------------------------------------------
+    @model_validator(mode="before")
+    @classmethod
+    def _learner_temperature(cls, data: Any) -> Any:
+        """``[ppo] temperature`` left unset is ``[sampler] temperature``: the logprobs the sampler stores are at
+        its temperature, so the learner's must be too (``_temperatures_agree``)."""
+        if isinstance(data, dict) and "temperature" not in (data.get("ppo") or {}):
+            sampler = data.get("sampler") or {}
+            if isinstance(sampler, SamplerConfig):
+                temperature = sampler.temperature
+            else:
+                temperature = sampler.get("temperature", SamplerConfig.model_fields["temperature"].default)
+            ppo = data.get("ppo") or {}
+            ppo = ppo.model_dump(exclude_unset=True) if isinstance(ppo, PPOConfig) else dict(ppo)
+            data = {**data, "ppo": {**ppo, "temperature": temperature}}
+        return data
+
+    # ---- rules across sections ------------------------------------------------------------------
+    @model_validator(mode="after")
+    def _temperatures_agree(self) -> RunConfig:
+        """PPO's ratio is only right when the learner takes logprobs at the temperature the sampler stored."""
+        sampled, trained = self.sampler.temperature, self.ppo.temperature
+        if sampled != trained:
+            raise ValueError(f"[sampler] temperature = {sampled} but [ppo] temperature = {trained}; leave [ppo] "
+                             "temperature unset (it follows [sampler] temperature) or set both to the same value "
+                             "(the sampler stores logprobs at its temperature)")
+        return self
+
+    @model_validator(mode="after")
+    def _groups_for_a_group_baseline(self) -> RunConfig:
+        """A group baseline needs groups: with one trial per task every trajectory would fall back to GAE."""
+        estimator, size = self.ppo.advantage_estimator, self.staleness.group_size
+        if estimator == "rloo" and size < 2:
+            raise ValueError(f"[ppo] advantage_estimator = 'rloo' but [staleness] group_size = {size}; set "
+                             "group_size >= 2 (trials per task) or advantage_estimator = 'gae'")
+        return self
+
+    @model_validator(mode="after")
+    def _part_of_policy_needs_torch(self) -> RunConfig:
+        """Training part of the policy is the torch learner's: refused before any process starts otherwise."""
+        if self.ppo.trains_part_of_policy and self.learner.backend != "torch":
+            raise ValueError(f"[ppo] actor_params = {list(self.ppo.actor_params)} but [learner] backend = "
+                             f"{self.learner.backend!r}, which trains the whole policy only; use backend = 'torch' "
+                             "or actor_params = ['*']")
+        return self
+
+    @model_validator(mode="after")
+    def _sft_passes_have_a_source(self) -> RunConfig:
+        """SFT passes read from elsewhere need an elsewhere: the run the SFT policy itself comes from."""
+        if self.eval.sft_passes == "warm_start" and self.campaign.warm_start_from is None:
+            raise ValueError("[eval] sft_passes = 'warm_start' but [campaign] warm_start_from is not set; name the "
+                             "run whose SFT policy (and its eval passes) this run starts from, or set "
+                             "sft_passes = 'run'")
+        return self
+
+    @model_validator(mode="after")
+    def _tokenizer_is_whole(self) -> RunConfig:
+        """An HF tokenizer directory must be there, whole, before the run starts: the SFT chats, every prompt,
+        the stop id and the model's vocabulary all come from it."""
+        campaign = self.campaign
+        if campaign.tokenizer is None:
+            return self
+        if campaign.warm_start_from is not None:
+            raise ValueError(f"[campaign] tokenizer = {campaign.tokenizer!r} but warm_start_from is set, which reuses "
+                             "that run's tokenizer (and the policy trained with it); drop one of the two keys")
+        directory = Path(campaign.tokenizer)
+        missing = [name for name in ("tokenizer.json", "tokenizer_config.json") if not (directory / name).is_file()]
+        if missing:
+            fetch = " (Qwen3's: run `bash .ci/fetch-qwen3-tokenizer`)" if "qwen3" in directory.name.lower() else ""
+            raise ValueError(f"[campaign] tokenizer = {campaign.tokenizer!r}: no {' or '.join(missing)} in "
+                             f"{directory.absolute()}; point it at an HF tokenizer directory with both files{fetch}, "
+                             "or remove the key to train t1's own BPE")
+        return self
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
+    """Validate a mapping as a campaign's config: every section, then every rule across sections."""
+    return runtime_config.parse_config(data, source, RunConfig)
+
+
+def load_config(path: str | os.PathLike[str], *, quick: bool = False,
+                run_dir: str | os.PathLike[str] | None = None) -> RunConfig:
+    """Read and validate a campaign's config file (``[quick.*]`` applied with ``quick``; ``run_dir`` replaces
+    ``[run] dir``)."""
+    return runtime_config.load_config(path, quick=quick, run_dir=run_dir, model=RunConfig)

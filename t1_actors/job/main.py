@@ -27,18 +27,24 @@ import trio
 from rich.console import Console
 
 from storage import EventLog, LogError, log_exists
-
-from ..backends.sglang_local import local_sglang
-from ..config import load_config, parse_config
-from ..tasks import build_task_sets
-from .config import CampaignConfig
-from .layout import has_log, record_log_location, run_log, tokenizer_path
-from .progress import run_actors, sft_with_progress
-from .sft import (
-    check_warm_start_passes, check_warm_start_tasks, copy_run_tokenizer, publish_initial_policy, reuse_warm_start,
+from storage.config import StorageConfig
+from t1_actors.eval.protocol import EvalConfig
+from t1_actors.job.config import CampaignConfig, load_config, parse_config
+from t1_actors.job.local_sglang import local_sglang
+from t1_actors.job.progress import run_actors, sft_with_progress
+from t1_actors.job.sft import (
+    check_warm_start_passes,
+    check_warm_start_tasks,
+    copy_run_tokenizer,
+    publish_initial_policy,
+    reuse_warm_start,
     train_run_tokenizer,
 )
-from .summary import code_version, summarise
+from t1_actors.job.summary import code_version, summarise
+from t1_actors.layout import has_log, record_log_location, tokenizer_path
+from t1_actors.policy.config import ModelConfig
+from t1_actors.tasks import build_task_sets
+from t1_actors.tasks.config import TasksConfig
 
 
 class RunLocationError(FileExistsError):
@@ -52,7 +58,7 @@ def check_run_location(config) -> None:
     run_dir = Path(config.run.dir)
     if has_log(run_dir):
         raise RunLocationError(f"{run_dir} already holds a run's log; pass --run-dir NEW_DIR (nothing was touched)")
-    url = config.section("storage").url
+    url = config.section(StorageConfig).url
     try:
         taken = bool(url) and log_exists(url)
     except LogError as error:
@@ -76,7 +82,7 @@ def _with_vocab(config, vocab_size: int):
     """The config with the model's vocabulary sized to the trained tokenizer (BPE may stop short of the
     asked size on a small corpus; logits for ids no text maps to would only waste probability mass)."""
     data = _jsonable(config)
-    data["model"] = {**config.section("model").model_dump(mode="json"), "vocab_size": vocab_size}
+    data["model"] = {**config.section(ModelConfig).model_dump(mode="json"), "vocab_size": vocab_size}
     return parse_config(data, "campaign")
 
 
@@ -105,26 +111,26 @@ def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | N
     ``write_report(run_dir) -> dict`` draws the plots (the CLI passes ``tools.report.write_report``; this
     module stays below the faces that read logs)."""
     console = console or Console(stderr=True)
-    campaign: CampaignConfig = config.section("campaign")
+    campaign: CampaignConfig = config.section(CampaignConfig)
     run_dir = Path(config.run.dir)
     check_run_location(config)
     run_dir.mkdir(parents=True, exist_ok=True)
-    record_log_location(run_dir, config.section("storage").url)
+    record_log_location(run_dir, config.section(StorageConfig).url)
     started = time.monotonic()
     code = code_version()  # now: a commit landing while the run goes must not be credited with it
     timings: dict[str, float] = {}
 
     with console.status("[bold]1/5 task corpus[/]"):
-        tasks = build_task_sets(config.section("tasks"))
+        tasks = build_task_sets(config.section(TasksConfig))
     console.log(f"corpus: SFT on {len(tasks.sft)} tasks, RL on {len(tasks.rl)}, {len(tasks.validation)} validation "
                 f"and {len(tasks.eval)} eval tasks")
     if campaign.warm_start_from is not None:
         check_warm_start_tasks(Path(campaign.warm_start_from), tasks)
-        if config.section("eval").sft_passes == "warm_start":
+        if config.section(EvalConfig).sft_passes == "warm_start":
             check_warm_start_passes(Path(campaign.warm_start_from), config)
         tokenizer, policy, sft = reuse_warm_start(Path(campaign.warm_start_from), run_dir)
         config = _with_vocab(config, tokenizer.vocab_size)
-        if policy.config != config.section("model"):
+        if policy.config != config.section(ModelConfig):
             raise ValueError(f"[campaign] warm_start_from: the policy in {campaign.warm_start_from} has model "
                              f"{policy.config.model_dump()}, the config asks for {config.section('model').model_dump()}; "
                              "make [model] match it")
@@ -143,8 +149,8 @@ def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | N
                     f"SFT: {sft['steps']} steps ({sft['epochs']:.1f} epochs), loss {sft['final_loss']:.3f}, "
                     f"{sft['tokens_per_s']:.0f} tok/s")
     published = publish_initial_policy(run_dir, policy)
-    log = EventLog.open(run_log(config), create=True, config=config.section("storage"))
-    model = config.section("model")
+    log = EventLog.open(config.log_location(), create=True, config=config.section(StorageConfig))
+    model = config.section(ModelConfig)
     with log.writer("campaign", routing_shape=(model.num_layers, model.top_k), num_experts=model.num_experts) as w:
         w.append(published)
         w.commit()

@@ -11,11 +11,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from schemas import EvalResult, LearnerStep, StalenessDecision, VerifierResult
 from storage import EventLog
-
-from ..runtime.supervisor import Supervisor
-from .config import CampaignConfig
-from .layout import run_log
-from .sft import warm_start
+from storage.config import StorageConfig
+from t1_actors.job.config import CampaignConfig
+from t1_actors.job.sft import warm_start
+from t1_actors.runtime.supervisor import Supervisor
 
 
 class _Milestones:
@@ -70,7 +69,7 @@ async def run_actors(config, campaign: CampaignConfig, console, hosts: set[str] 
     SIGINT/SIGTERM reach the supervisor, which stops every actor cleanly; the summary is still written
     from whatever the log holds.
     """
-    log = EventLog.open(run_log(config), config=config.section("storage"))
+    log = EventLog.open(config.log_location(), config=config.section(StorageConfig))
     # A deadline on the whole phase, so a wedged actor cannot hang the job: RL's bound, the last steps,
     # start-ups, and an hour for the eval protocol's passes (the default run's take ~15 min).
     budget = campaign.rl_seconds + campaign.finish_timeout_s + 2 * campaign.actor_ready_timeout_s + 3600

@@ -23,10 +23,12 @@ from typing import Any
 
 from rich.console import Console
 
-from ..config import parse_config
-from .layout import has_log
-from .main import _jsonable, run_campaign
-from .sft import check_warm_start_passes
+from storage.config import StorageConfig
+from t1_actors.job.config import parse_config
+from t1_actors.job.main import _jsonable, run_campaign
+from t1_actors.job.sft import check_warm_start_passes
+from t1_actors.layout import has_log
+
 ALPHA = 0.05
 
 
@@ -35,7 +37,7 @@ def seed_config(config, *, seed: int, run_dir: Path, base: Path | None):
     (its tokenizer, SFT policy and SFT eval passes) unless ``base`` is None."""
     data = _jsonable(config)
     data["run"]["dir"] = str(run_dir)
-    if config.section("storage").url:  # each seed's log under a prefix of its own
+    if config.section(StorageConfig).url:  # each seed's log under a prefix of its own
         data["storage"] = {**data.get("storage", {}), "url": f"{config.section('storage').url}/seed{seed}"}
     data["campaign"] = {**data.get("campaign", {}), "seed": seed}
     if base is not None:

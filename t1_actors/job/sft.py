@@ -19,16 +19,17 @@ import torch
 
 from schemas import EvalResult, WeightsPublished
 from storage import EventLog
-
-from ..backends.local_sandbox import LocalSandboxBackend
-from ..config import section_model
-from ..policy import MoEPolicy, load_tokenizer
-from ..policy.tokenizer import special_token_ids, train_tokenizer
-from ..skill_report import is_sft_label
-from ..tasks import TasksConfig, build_task_sets, oracle_trajectory
-from ..warmstart import chat_corpus, execute_oracle_pool, supervised_finetune
-from .config import CampaignConfig
-from .layout import has_log, hf_tokenizer_dir, log_location, sha256_file, tokenizer_path, weights_dir
+from t1_actors.backends.local_sandbox import LocalSandboxBackend
+from t1_actors.backends.sandbox_backend import SandboxConfig
+from t1_actors.eval.protocol import EvalConfig
+from t1_actors.eval.skills import is_sft_label
+from t1_actors.job.config import CampaignConfig, RunConfig
+from t1_actors.layout import has_log, hf_tokenizer_dir, log_location, sha256_file, tokenizer_path, weights_dir
+from t1_actors.policy import MoEPolicy, load_tokenizer
+from t1_actors.policy.config import ModelConfig
+from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
+from t1_actors.tasks import TasksConfig, build_task_sets, oracle_trajectory
+from t1_actors.warmstart.finetune import chat_corpus, execute_oracle_pool, supervised_finetune
 
 
 def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int):
@@ -46,10 +47,10 @@ def copy_run_tokenizer(run_dir: Path, source: str | Path):
 
 def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -> tuple[Any, dict[str, Any]]:
     """Phase 3: execute the SFT tasks' oracles (``tasks.sft``), then SFT on them; returns the policy and a report."""
-    campaign: CampaignConfig = config.section("campaign")
+    campaign: CampaignConfig = config.section(CampaignConfig)
     torch.manual_seed(campaign.seed)
     torch.set_num_threads(campaign.sft_threads)
-    sandboxes = LocalSandboxBackend(config.section("sandbox").local)
+    sandboxes = LocalSandboxBackend(config.section(SandboxConfig).local)
 
     def execute_oracle(task) -> list[str] | None:
         try:
@@ -64,7 +65,7 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
 
     examples_of = None
     if getattr(tokenizer, "chat_template", None) is not None:  # an HF template: reasoning chats, TITO-style examples
-        from ..chat_sft import oracle_chat, turn_examples
+        from t1_actors.warmstart.chats import oracle_chat, turn_examples
 
         def examples_of(task, outputs):
             chat = oracle_chat(task.instruction, oracle_trajectory(task), outputs, campaign.tool_output_chars)
@@ -79,7 +80,7 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
     finally:
         sandboxes.close()
     pool_seconds = time.monotonic() - pool_start
-    policy = MoEPolicy(config.section("model"))
+    policy = MoEPolicy(config.section(ModelConfig))
     pad_id = special_token_ids(tokenizer)["<|endoftext|>"]
     report = supervised_finetune(policy, examples, seconds=campaign.sft_seconds, batch_size=campaign.sft_batch_size,
                                  lr=campaign.sft_lr, pad_id=pad_id, seed=campaign.seed, steps=campaign.sft_steps,
@@ -141,10 +142,12 @@ def check_warm_start_passes(previous: Path, config) -> None:
 
     for section, keys in _DRAW_KEYS.items():
         try:
-            a = section_model(section).model_validate(theirs.get(section, {})).model_dump(mode="json")
+            model = RunConfig.model_fields[section].annotation
+            assert model is not None
+            a = model.model_validate(theirs.get(section, {})).model_dump(mode="json")
         except ValueError as error:
             raise ValueError(f"{where}: its [{section}] no longer validates ({error})") from None
-        b = config.section(section).model_dump(mode="json")
+        b = getattr(config, section).model_dump(mode="json")
         for key in keys or sorted(set(a) | set(b)):
             if (section, key) != ("eval", "sft_passes") and a.get(key) != b.get(key):
                 raise ValueError(f"{where}: its [{section}] {key} = {a.get(key)!r}, this run's = {b.get(key)!r}; "
@@ -161,9 +164,9 @@ def check_warm_start_passes(previous: Path, config) -> None:
 
 def sft_passes_log(config):
     """The log the SFT policy's eval passes are read from, when not this run's (``[eval] sft_passes``)."""
-    if config.section("eval").sft_passes != "warm_start":
+    if config.section(EvalConfig).sft_passes != "warm_start":
         return None
-    return EventLog.open(log_location(Path(config.section("campaign").warm_start_from)))
+    return EventLog.open(log_location(Path(config.section(CampaignConfig).warm_start_from)))
 
 
 def publish_initial_policy(run_dir: Path, policy) -> WeightsPublished:

@@ -8,12 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from storage import EventLog
-
-from ..backends.sglang_local import sampler_engine
-from ..eval_stats import eval_outcomes, first_attempts, paired_change
-from ..skill_report import EvalPasses, scored, skill_report
-from .layout import run_log
-from .sft import sft_passes_log
+from storage.config import StorageConfig
+from t1_actors.backends.sampler_backend import SamplerConfig
+from t1_actors.eval.skills import EvalPasses, scored, skill_report
+from t1_actors.job.local_sglang import sampler_engine
+from t1_actors.job.sft import sft_passes_log
+from t1_actors.rollout.admission import StalenessConfig
+from t1_actors.schedule import CampaignConfig
+from t1_actors.stats import eval_outcomes, first_attempts, paired_change
+from t1_actors.train.ppo import PPOConfig
 
 
 def code_version() -> dict[str, Any] | None:
@@ -63,7 +66,7 @@ def eval_change(log, sft_log=None, passes=None) -> dict[str, Any] | None:
 def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write_report=None,
               code: dict[str, Any] | None = None) -> dict[str, Any]:
     """Phase 5: summary.json and the plots, both from the log alone."""
-    log = EventLog.open(run_log(config), config=config.section("storage"))
+    log = EventLog.open(config.log_location(), config=config.section(StorageConfig))
     sft_log = sft_passes_log(config)
     passes = EvalPasses.read(log, sft_log)
     evals = passes.results
@@ -74,15 +77,15 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
         report = write_report(run_dir) if write_report is not None else {}
     except Exception as exc:  # plots must never cost the run its summary
         console.log(f"[yellow]plots failed: {exc!r}")
-    ppo_cfg, staleness = config.section("ppo"), config.section("staleness")
+    ppo_cfg, staleness = config.section(PPOConfig), config.section(StalenessConfig)
     recipe = {"advantage_estimator": ppo_cfg.advantage_estimator, "group_size": staleness.group_size,
               "actor_params": list(ppo_cfg.actor_params), "reward": f"P / {ppo_cfg.reward_scale}"}
-    skill = skill_report(passes, run_temperature=config.section("sampler").temperature, recipe=recipe)
+    skill = skill_report(passes, run_temperature=config.section(SamplerConfig).temperature, recipe=recipe)
     skill["kl_rl_sft"] = report.get("kl_rl_sft") if isinstance(report, dict) else None
     summary = write_summary(run_dir, eval_before=evals.get("before"), eval_after=evals.get("after"), actors=roles,
                             counts=counts, extra={"sft": sft, "timings_s": {k: round(v, 1) for k, v in timings.items()},
                                                   "report": report, "eval_change": eval_change(log, sft_log, passes), "code": code,
-                                                  "sft_passes_from": config.section("campaign").warm_start_from
+                                                  "sft_passes_from": config.section(CampaignConfig).warm_start_from
                                                   if sft_log is not None else None,
                                                   "sampler_engine": sampler_engine(log), **skill})
     before, after, change = summary["eval_before"], summary["eval_after"], summary["eval_change"]

@@ -35,7 +35,7 @@ class Columns:
         self._buf = {k: v[:, columns:].contiguous() for k, v in self._buf.items()}
         self.length -= columns
 
-    def merge(self, other: "Columns", pad_self: int, pad_other: int) -> None:
+    def merge(self, other: Columns, pad_self: int, pad_other: int) -> None:
         length = self.length + pad_self
         capacity = max(2 * length, 64)
         merged = {}

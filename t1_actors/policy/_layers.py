@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
-from .kv_cache import KVCache
-from .routing import r3_gate, topk_gate
+from t1_actors.policy.config import ModelConfig
+from t1_actors.policy.kv_cache import KVCache
+from t1_actors.policy.routing import r3_gate, topk_gate
 
 
 class RMSNorm(nn.Module):

@@ -38,9 +38,17 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from .chat_template import (
-    END_OF_TEXT, IM_END, IM_START, THINK_CLOSE, THINK_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN,
-    TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, render_chat,
+from t1_actors.policy.chat_template import (
+    END_OF_TEXT,
+    IM_END,
+    IM_START,
+    THINK_CLOSE,
+    THINK_OPEN,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    TOOL_RESPONSE_CLOSE,
+    TOOL_RESPONSE_OPEN,
+    render_chat,
 )
 
 MARKERS = (END_OF_TEXT, IM_START, IM_END, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, THINK_OPEN, THINK_CLOSE,

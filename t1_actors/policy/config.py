@@ -28,7 +28,7 @@ class ModelConfig(BaseModel):
     tie_word_embeddings: bool = False
 
     @model_validator(mode="after")
-    def _check(self) -> "ModelConfig":
+    def _check(self) -> ModelConfig:
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) must be <= num_experts ({self.num_experts})")
         if self.num_heads % self.num_kv_heads:
@@ -89,7 +89,7 @@ class Qwen35MoeConfig(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _check(self) -> "Qwen35MoeConfig":
+    def _check(self) -> Qwen35MoeConfig:
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) must be <= num_experts ({self.num_experts})")
         if self.num_heads % self.num_kv_heads:

@@ -65,7 +65,7 @@ class KVCache:
         self.keys = [k[:, :, columns:].contiguous() for k in self.keys]
         self.values = [v[:, :, columns:].contiguous() for v in self.values]
 
-    def merge(self, other: "KVCache") -> tuple[int, int]:
+    def merge(self, other: KVCache) -> tuple[int, int]:
         """Append the rows of ``other`` below ours, right-aligning both (left-padding the shorter).
 
         Returns ``(pad_self, pad_other)``: the columns of padding put before our rows and before
@@ -110,7 +110,7 @@ class KVCache:
     @classmethod
     def from_prefixes(cls, prefixes: list[tuple[list[torch.Tensor], list[torch.Tensor]] | None], *,
                       num_layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-                      device: torch.device | str = "cpu") -> "KVCache":
+                      device: torch.device | str = "cpu") -> KVCache:
         """A cache whose row ``i`` holds ``prefixes[i]`` right-aligned (None: an empty row)."""
         length = max((p[0][0].shape[1] for p in prefixes if p is not None), default=0)
         cache = cls(num_layers, len(prefixes), kv_heads, head_dim, capacity=max(capacity, length + 1),

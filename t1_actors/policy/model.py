@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import ModelConfig
-from ._layers import DecoderLayer, RMSNorm, RotaryEmbedding
-from .kv_cache import KVCache
+from t1_actors.policy._layers import DecoderLayer, RMSNorm, RotaryEmbedding
+from t1_actors.policy.config import ModelConfig
+from t1_actors.policy.kv_cache import KVCache
 
 
 @dataclass
@@ -183,11 +183,11 @@ class MoEPolicy(nn.Module):
 
     def save(self, path: str | Path) -> Path:
         """Write a Hugging Face Qwen3-MoE directory (config.json + model.safetensors) at ``path``."""
-        from ._hf import save_pretrained
+        from t1_actors.policy._hf import save_pretrained
         return save_pretrained(self, path)
 
     @classmethod
-    def load(cls, path: str | Path, *, dtype: torch.dtype | None = None) -> "MoEPolicy":
+    def load(cls, path: str | Path, *, dtype: torch.dtype | None = None) -> MoEPolicy:
         """Load a directory written by ``save`` (or any HF Qwen3-MoE checkpoint)."""
-        from ._hf import from_pretrained
+        from t1_actors.policy._hf import from_pretrained
         return from_pretrained(path, dtype=dtype)

@@ -18,12 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._deltanet import GatedDeltaNet
-from ._layers import Experts, Router, RotaryEmbedding, apply_rope
-from .config import Qwen35MoeConfig
-from .kv_cache import KVCache
-from .model import BackboneOutput, MoEPolicy, _attention_bias, _positions, check_inputs
-from .routing import r3_gate, topk_gate
+from t1_actors.policy._deltanet import GatedDeltaNet
+from t1_actors.policy._layers import Experts, RotaryEmbedding, Router, apply_rope
+from t1_actors.policy.config import Qwen35MoeConfig
+from t1_actors.policy.kv_cache import KVCache
+from t1_actors.policy.model import BackboneOutput, MoEPolicy, _attention_bias, _positions, check_inputs
+from t1_actors.policy.routing import r3_gate, topk_gate
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -160,7 +160,7 @@ class HybridCache(KVCache):
         self.conv_states = [s.index_select(0, index) for s in self.conv_states]
         self.recurrent_states = [s.index_select(0, index) for s in self.recurrent_states]
 
-    def merge(self, other: "HybridCache") -> tuple[int, int]:
+    def merge(self, other: HybridCache) -> tuple[int, int]:
         pads = super().merge(other)
         self.conv_states = [torch.cat(p, 0) for p in zip(self.conv_states, other.conv_states)]
         self.recurrent_states = [torch.cat(p, 0) for p in zip(self.recurrent_states, other.recurrent_states)]

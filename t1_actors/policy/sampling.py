@@ -23,19 +23,19 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import GenerateReply, SamplerTurn, routing_dtype
-
-from ._columns import Columns
-from ._prefix_cache import PrefixCache, Retained
-from .kv_cache import KVCache
-from .model import MoEPolicy
+from t1_actors.policy._columns import Columns
+from t1_actors.policy._prefix_cache import PrefixCache, Retained
+from t1_actors.policy.kv_cache import KVCache
+from t1_actors.policy.model import MoEPolicy
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -82,7 +82,7 @@ class Generation:
                            temperature=temperature, top_p=top_p, sampler_id=sampler_id, error=self.error, **named)
 
     @classmethod
-    def from_reply(cls, reply: GenerateReply, prompt_len: int) -> "Generation":
+    def from_reply(cls, reply: GenerateReply, prompt_len: int) -> Generation:
         return cls(prompt_len, reply.output_ids, reply.logprobs, reply.routing, reply.finish_reason,
                    reply.policy_version, reply.error)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .chat_template import render_chat
-from .chat_tokenizer import MARKERS, ChatTokenizer, as_chat_tokenizer, load_tokenizer
+from t1_actors.policy.chat_template import render_chat
+from t1_actors.policy.chat_tokenizer import MARKERS, ChatTokenizer, as_chat_tokenizer, load_tokenizer
 
 SPECIAL_TOKENS = list(MARKERS)  # the chat template's markers, ids 0.. in this order
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tokenizer.json"

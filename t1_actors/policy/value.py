@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .config import ModelConfig
-from .model import MoEBackbone, MoEPolicy
+from t1_actors.policy.config import ModelConfig
+from t1_actors.policy.model import MoEBackbone, MoEPolicy
 
 
 class ValueModel(nn.Module):
@@ -37,7 +37,7 @@ class ValueModel(nn.Module):
         self.value_head.bias.zero_()
 
     @classmethod
-    def from_policy(cls, policy: MoEPolicy) -> "ValueModel":
+    def from_policy(cls, policy: MoEPolicy) -> ValueModel:
         """A value model whose trunk is a copy of the policy's (its own weights from here on)."""
         value = cls(policy.config)
         value.model.load_state_dict(policy.backbone.state_dict())
@@ -58,7 +58,7 @@ class ValueModel(nn.Module):
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "ValueModel":
+    def load(cls, path: str | Path) -> ValueModel:
         path = Path(path)
         if not (path / "value.safetensors").is_file():
             raise FileNotFoundError(f"{path / 'value.safetensors'} not found; ValueModel.load wants a directory "

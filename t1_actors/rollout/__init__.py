@@ -8,9 +8,18 @@
 TITO itself (``t1_actors.tito``) is its own package: custom harnesses call it directly.
 """
 
-from .loop import (
-    SYSTEM_PROMPT, ExecPort, RolloutLimits, SamplePort, ToolOutcome, TrialRollout, TurnRecord, assistant_message,
-    first_messages, run_trial, truncate_output,
+from t1_actors.rollout.loop import (
+    SYSTEM_PROMPT,
+    ExecPort,
+    RolloutLimits,
+    SamplePort,
+    ToolOutcome,
+    TrialRollout,
+    TurnRecord,
+    assistant_message,
+    first_messages,
+    run_trial,
+    truncate_output,
 )
 
 __all__ = ["SYSTEM_PROMPT", "ExecPort", "RolloutLimits", "SamplePort", "ToolOutcome", "TrialRollout", "TurnRecord",

@@ -26,7 +26,7 @@ class StalenessConfig(BaseModel):
     group_size: int = Field(1, gt=0)  # trials of each task issued one after another (a group, for rloo)
 
     @model_validator(mode="after")
-    def _check(self) -> "StalenessConfig":
+    def _check(self) -> StalenessConfig:
         if self.max_in_flight < self.batch_size:
             raise ValueError(f"max_in_flight = {self.max_in_flight} is below batch_size = {self.batch_size}: a batch "
                              f"could never fill; raise max_in_flight to at least {self.batch_size}")

@@ -12,7 +12,7 @@ from t1_actors.backends.local_sandbox import LocalSandboxBackend
 from t1_actors.backends.sampler_backend import GenerateSpec
 from t1_actors.policy.sampling import SamplingParams
 from t1_actors.rollout.loop import ToolOutcome
-from t1_actors.verification import Verifier
+from t1_actors.verify.engine import Verifier
 
 
 class InProcessPorts:

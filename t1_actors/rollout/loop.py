@@ -14,13 +14,14 @@ policy, the sampler actor over pynng, or an SGLang server.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..policy.chat_template import parse_tool_calls, render_chat
-from ..policy.sampling import Generation
+from t1_actors.policy.chat_template import parse_tool_calls, render_chat
+from t1_actors.policy.sampling import Generation
 
 Render = Callable[..., str]  # (messages, add_generation_prompt=...) -> text, e.g. ChatTokenizer.apply_chat_template
 

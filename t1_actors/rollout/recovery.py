@@ -20,8 +20,8 @@ bookkeeping.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable
 
 import trio
 

@@ -11,20 +11,20 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from functools import partial
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol, Sequence
+from functools import partial
+from typing import Any, Protocol
 
 import numpy as np
 import trio
 
 from schemas import EvalResult, StalenessDecision, TrialEnded, TrialIssued, VerifierResult
-
-from .. import tito
-from ..policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
-from .admission import LengthBias, StalenessConfig, admit, policy_lag
-from ..eval_stats import wilson_interval
-from .loop import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
+from t1_actors import tito
+from t1_actors.policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
+from t1_actors.rollout.admission import LengthBias, StalenessConfig, admit, policy_lag
+from t1_actors.rollout.loop import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
+from t1_actors.stats import wilson_interval
 
 
 class TrialPorts(Protocol):
@@ -299,7 +299,7 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
     next batch with its tokens and per-token versions kept. Batch n starts only once the learner has
     reached version n - max_batches_ahead, so rollouts never run further ahead than that.
     """
-    from .admission import trials_to_launch
+    from t1_actors.rollout.admission import trials_to_launch
 
     stats = stats or BatchStats()
     ports = runner.ports

@@ -14,7 +14,7 @@ Writing an actor (``t1_actors/<role>.py``)::
             backend: str = "torch"
 
         async def setup(self):                          # before any request is served
-            cfg = self.config.section("sampler")        # a registered config section (t1_actors.config.section)
+            cfg = self.config.section(SamplerConfig)    # this actor's section, typed (RuntimeConfig.section)
             ...
 
         @handles(GenerateRequest, graceful_cancel=True)  # runs in its own task; several at once
@@ -33,7 +33,7 @@ Writing an actor (``t1_actors/<role>.py``)::
         async def teardown(self): ...                   # after serving stops (the log is committed after it)
         def status(self) -> dict[str, float]: ...       # numbers sent with every heartbeat
 
-In an actor: ``self.name``, ``self.config`` (the validated ``RunConfig``), ``self.options``,
+In an actor: ``self.name``, ``self.config`` (the validated run config), ``self.options``,
 ``self.logger`` (structlog, bound with actor/role/run_id; trial_id and policy_version are bound in
 handlers), ``self.ctx.run_id``, ``self.ctx.run_dir``, ``await self.log(event, commit=True)``,
 ``await self.commit()``, ``self.cancel_requested(trial_id)``, ``self.request_shutdown(reason)``, and
@@ -68,16 +68,23 @@ run.toml`` (every local actor under a supervisor). Inside a trio program (the ca
     await nursery.start(serve_actor, EchoActor, config, "echo-0")   # an actor in this very process (tests)
 """
 
-from .actor import Actor, ActorContext, handles, on_event
-from .errors import AuthError, DeadlineExceeded, NoSuchPeer, RemoteError, RequestCancelled, RuntimeFault
-from .host import ActorHost, run_actor_process, serve_actor
-from .logs import configure_logging
-from .peers import PeerGroup, Peers, connect
-from .roles import ROLES, actor_class, resolve_role
+from t1_actors.runtime.actor import Actor, ActorContext, handles, on_event
+from t1_actors.runtime.errors import (
+    AuthError,
+    DeadlineExceeded,
+    NoSuchPeer,
+    RemoteError,
+    RequestCancelled,
+    RuntimeFault,
+)
+from t1_actors.runtime.host import ActorHost, run_actor_process, serve_actor
+from t1_actors.runtime.logs import configure_logging
+from t1_actors.runtime.peers import PeerGroup, Peers, connect
+from t1_actors.runtime.roles import actor_class, resolve_role
 
 __all__ = [
     "Actor", "ActorContext", "handles", "on_event",
     "AuthError", "DeadlineExceeded", "NoSuchPeer", "RemoteError", "RequestCancelled", "RuntimeFault",
     "ActorHost", "run_actor_process", "serve_actor", "configure_logging",
-    "PeerGroup", "Peers", "connect", "ROLES", "actor_class", "resolve_role",
+    "PeerGroup", "Peers", "connect", "actor_class", "resolve_role",
 ]

@@ -13,10 +13,9 @@ from pydantic import BaseModel, ValidationError
 
 from schemas import Record
 from schemas.events import Event
-
-from ..config import ActorSpec, ConfigError, RunConfig
-from .inflight import InFlight
-from .peers import PeerGroup, Peers
+from t1_actors.runtime.config import ActorSpec, ConfigError, RuntimeConfig
+from t1_actors.runtime.inflight import InFlight
+from t1_actors.runtime.peers import PeerGroup, Peers
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -61,7 +60,7 @@ class ActorContext:
 
     name: str
     role: str
-    config: RunConfig
+    config: RuntimeConfig
     spec: ActorSpec
     logger: structlog.typing.FilteringBoundLogger
     peers: Peers
@@ -131,8 +130,8 @@ class Actor:
         try:
             return cls.Options.model_validate(spec.options)
         except ValidationError as exc:
-            from ..config import _explain
-            raise ConfigError(f"actor {spec.name!r} options: {_explain(exc)}") from None
+            from t1_actors.runtime.config import explain
+            raise ConfigError(f"actor {spec.name!r} options: {explain(exc)}") from None
 
     # ---- lifecycle hooks, overridden by subclasses ---------------------------------------------
     async def setup(self) -> None:

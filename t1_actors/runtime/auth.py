@@ -32,7 +32,7 @@ from collections import deque
 import trio
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from .errors import AuthError
+from t1_actors.runtime.errors import AuthError
 
 WIRE_VERSION = 2
 MAGIC = b"T1" + bytes([WIRE_VERSION])

@@ -12,18 +12,17 @@ import trio
 from schemas import Record, SchemaError
 from schemas.events import ActorLifecycle
 from schemas.messages import Ack, Cancel, ErrorReply, Generic, Heartbeat, Ping, Pong, Shutdown
-
-from ..config import RunConfig
-from ..job.layout import run_log
-from .actor import Actor, ActorContext
-from .auth import Opener, Sealer
-from .errors import DeadlineExceeded, RemoteError
-from .logs import configure_logging
-from .memory import keep_freed_buffers
-from .peers import Peers
-from .process import wait_for_exit
-from .transport import BulkInbox, ControlServer, RejectLog
-from .wire import RawEnvelope
+from storage import EventLog, SegmentWriter
+from t1_actors.runtime.actor import Actor, ActorContext
+from t1_actors.runtime.auth import Opener, Sealer
+from t1_actors.runtime.config import RuntimeConfig
+from t1_actors.runtime.errors import DeadlineExceeded, RemoteError
+from t1_actors.runtime.logs import configure_logging
+from t1_actors.runtime.memory import keep_freed_buffers
+from t1_actors.runtime.peers import Peers
+from t1_actors.runtime.process import wait_for_exit
+from t1_actors.runtime.transport import BulkInbox, ControlServer, RejectLog
+from t1_actors.runtime.wire import RawEnvelope
 
 _DRAIN_S = 2.0  # how long in-flight replies get to go out after a shutdown
 
@@ -31,7 +30,7 @@ _DRAIN_S = 2.0  # how long in-flight replies get to go out after a shutdown
 class ActorHost:
     """Owns the runtime side of one actor instance."""
 
-    def __init__(self, actor_cls: type[Actor], config: RunConfig, name: str, *, key: bytes | None = None,
+    def __init__(self, actor_cls: type[Actor], config: RuntimeConfig, name: str, *, key: bytes | None = None,
                  logger: structlog.typing.FilteringBoundLogger | None = None):
         self.config = config
         self.spec = config.actor(name)
@@ -238,32 +237,29 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
-async def _open_writer(config: RunConfig, name: str):
-    """This actor's segment writer of the run's event log (``job.layout.run_log``: RUN/log or ``[storage] url``)."""
-    try:
-        import storage
-    except ImportError as exc:  # pragma: no cover - storage ships with t1
-        raise RuntimeError(f"the event log (storage/) is not importable: {exc}") from None
-    if not hasattr(storage, "EventLog"):
-        raise RuntimeError("storage.EventLog is missing: the event log package is incomplete")
-    model = config.section("model")
-    storage_cfg = config.section("storage")
+async def _open_writer(config: RuntimeConfig, name: str) -> SegmentWriter:
+    """This actor's segment writer of the run's event log (``RuntimeConfig.log_location``: RUN/log or
+    ``[storage] url``), checking routing records against the run's shape (``RuntimeConfig.routing_shape``)."""
+    shape = config.routing_shape()
 
-    def open_sync():
-        log = storage.EventLog.open(run_log(config), create=True, config=storage_cfg)
-        return log.writer(name, routing_shape=(model.num_layers, model.top_k), num_experts=model.num_experts)
+    def open_sync() -> SegmentWriter:
+        log = EventLog.open(config.log_location(), create=True, config=config.storage)
+        if shape is None:
+            return log.writer(name)
+        layers, top_k, experts = shape
+        return log.writer(name, routing_shape=(layers, top_k), num_experts=experts)
 
     return await trio.to_thread.run_sync(open_sync)
 
 
-async def serve_actor(actor_cls: type[Actor], config: RunConfig, name: str, *, key: bytes | None = None,
+async def serve_actor(actor_cls: type[Actor], config: RuntimeConfig, name: str, *, key: bytes | None = None,
                       handle_signals: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run actor ``name`` of ``config`` with class ``actor_cls`` inside the current trio program."""
     host = ActorHost(actor_cls, config, name, key=key)
     await host.serve(handle_signals=handle_signals, task_status=task_status)
 
 
-def run_actor_process(actor_cls: type[Actor], config: RunConfig, name: str, *,
+def run_actor_process(actor_cls: type[Actor], config: RuntimeConfig, name: str, *,
                       supervisor_pid: int | None = None) -> int:
     """Entry point of an actor process: logging, signals, one trio loop. Returns the exit status.
 

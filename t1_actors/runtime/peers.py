@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import itertools
 import zlib
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 import structlog
 import trio
 
 from schemas import Record
 from schemas.messages import ErrorReply
-
-from ..config import RunConfig
-from .auth import Opener, Sealer
-from .errors import DeadlineExceeded, NoSuchPeer, RemoteError, RequestCancelled
-from .transport import BulkOutbox, ControlClient, RejectLog
+from t1_actors.runtime.auth import Opener, Sealer
+from t1_actors.runtime.config import RuntimeConfig
+from t1_actors.runtime.errors import DeadlineExceeded, NoSuchPeer, RemoteError, RequestCancelled
+from t1_actors.runtime.transport import BulkOutbox, ControlClient, RejectLog
 
 
 def raise_for_error(peer: str, op: str, reply: Record) -> Record:
@@ -34,7 +33,7 @@ class Peers:
     named so. Sockets are opened on first use and dial in the background.
     """
 
-    def __init__(self, config: RunConfig, me: str, sealer: Sealer, opener: Opener,
+    def __init__(self, config: RuntimeConfig, me: str, sealer: Sealer, opener: Opener,
                  logger: structlog.typing.FilteringBoundLogger):
         self.config, self.me = config, me
         self._sealer, self._opener, self._log = sealer, opener, logger
@@ -43,7 +42,7 @@ class Peers:
         self._bulk: dict[str, BulkOutbox] = {}
         self._groups: dict[str, PeerGroup] = {}
 
-    def __call__(self, role_or_name: str) -> "PeerGroup":
+    def __call__(self, role_or_name: str) -> PeerGroup:
         group = self._groups.get(role_or_name)
         if group is None:
             names = [s.name for s in self.config.actors_of(role_or_name)]
@@ -145,7 +144,7 @@ class PeerGroup:
 
 
 @asynccontextmanager
-async def connect(config: RunConfig, name: str = "client", *, key: bytes | None = None,
+async def connect(config: RuntimeConfig, name: str = "client", *, key: bytes | None = None,
                   logger: structlog.typing.FilteringBoundLogger | None = None) -> AsyncIterator[Peers]:
     """Clients for a program that is not an actor (the campaign, a test, a tool)::
 

@@ -19,8 +19,7 @@ import trio
 
 from schemas.events import ActorLifecycle, Event
 from schemas.messages import Ping
-
-from .errors import DeadlineExceeded, RemoteError
+from t1_actors.runtime.errors import DeadlineExceeded, RemoteError
 
 
 class PeerWatch:

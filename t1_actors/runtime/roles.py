@@ -1,20 +1,13 @@
-"""Which class plays each role. Imported lazily, so a role whose module is not written yet only
-fails when it is used, with a clear error."""
+"""Which class plays an actor: the role table the caller passes (``t1_actors.job.roles.ROLES``), or the
+actor's own ``actor_class = 'module:Class'`` (a plugin: the one class loaded by name)."""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 
-from ..config import ActorSpec, ConfigError
-
-ROLES: dict[str, str] = {
-    "sampler": "t1_actors.sampler:SamplerActor",
-    "sandbox": "t1_actors.sandbox:SandboxActor",
-    "verifier": "t1_actors.verifier:VerifierActor",
-    "critic": "t1_actors.critic:CriticActor",
-    "learner": "t1_actors.learner:LearnerActor",
-    "staleness": "t1_actors.staleness:StalenessActor",
-}
+from t1_actors.runtime.actor import Actor
+from t1_actors.runtime.config import ActorSpec, ConfigError
 
 
 def import_class(target: str, what: str) -> type:
@@ -34,26 +27,20 @@ def import_class(target: str, what: str) -> type:
     return cls
 
 
-def resolve_role(role: str) -> type:
-    """The Actor class registered for ``role``."""
-    from .actor import Actor
-
-    target = ROLES.get(role)
-    if target is None:
-        raise ConfigError(f"unknown role {role!r} (roles: {', '.join(sorted(ROLES))}); "
+def resolve_role(role: str, roles: Mapping[str, type[Actor]]) -> type[Actor]:
+    """The Actor class that plays ``role`` in the table ``roles`` (``t1_actors.job.roles.ROLES``)."""
+    cls = roles.get(role)
+    if cls is None:
+        raise ConfigError(f"unknown role {role!r} (roles: {', '.join(sorted(roles))}); "
                           "or give the actor an actor_class = 'module:Class'")
-    cls = import_class(target, f"role {role!r}")
-    if not (isinstance(cls, type) and issubclass(cls, Actor)):
-        raise ConfigError(f"role {role!r}: {target} is not a t1_actors.runtime.Actor subclass")
     return cls
 
 
-def actor_class(spec: ActorSpec) -> type:
-    """The class of one configured actor: its ``actor_class`` override, else the role table."""
-    from .actor import Actor
-
+def actor_class(spec: ActorSpec, roles: Mapping[str, type[Actor]]) -> type[Actor]:
+    """The class of one configured actor: its ``actor_class`` override (a plugin, loaded by name), else the
+    role table ``roles``."""
     if spec.actor_class is None:
-        cls = resolve_role(spec.role)
+        cls = resolve_role(spec.role, roles)
     else:
         cls = import_class(spec.actor_class, f"actor {spec.name!r} actor_class")
         if not (isinstance(cls, type) and issubclass(cls, Actor)):

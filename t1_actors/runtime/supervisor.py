@@ -35,14 +35,13 @@ import trio
 from schemas import Record
 from schemas.events import ActorLifecycle
 from schemas.messages import Ack, ErrorReply, Heartbeat, Ping, Pong, Shutdown
-
-from ..config import RUN_KEY_ENV, ActorSpec, ConfigError, RunConfig, write_resolved
-from .auth import Opener, Sealer
-from .errors import DeadlineExceeded, RemoteError
-from .host import _open_writer
-from .peers import Peers
-from .transport import ControlServer, RejectLog
-from .wire import RawEnvelope
+from t1_actors.runtime.auth import Opener, Sealer
+from t1_actors.runtime.config import RUN_KEY_ENV, ActorSpec, ConfigError, RuntimeConfig, write_resolved
+from t1_actors.runtime.errors import DeadlineExceeded, RemoteError
+from t1_actors.runtime.host import _open_writer
+from t1_actors.runtime.peers import Peers
+from t1_actors.runtime.transport import ControlServer, RejectLog
+from t1_actors.runtime.wire import RawEnvelope
 
 SUPERVISOR_PID_ENV = "T1_SUPERVISOR_PID"
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
@@ -68,7 +67,7 @@ class _Managed:
 
 
 class Supervisor:
-    def __init__(self, config: RunConfig, *, hosts: set[str] | None = None, key: bytes | None = None,
+    def __init__(self, config: RuntimeConfig, *, hosts: set[str] | None = None, key: bytes | None = None,
                  env: dict[str, str] | None = None, python: str = sys.executable,
                  logger: structlog.typing.FilteringBoundLogger | None = None):
         self.config = config

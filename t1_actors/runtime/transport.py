@@ -32,11 +32,10 @@ import trio
 
 from schemas import Record
 from schemas.messages import ErrorReply
-
-from .auth import BULK, REPLY, REQUEST, Opener, Sealer
-from .errors import AuthError, DeadlineExceeded
-from .nngraw import PolledPull, PolledPush, PolledReq, RawRep
-from .wire import RawEnvelope, pack_envelope, pack_envelope_parts, unpack_envelope
+from t1_actors.runtime.auth import BULK, REPLY, REQUEST, Opener, Sealer
+from t1_actors.runtime.errors import AuthError, DeadlineExceeded
+from t1_actors.runtime.nngraw import PolledPull, PolledPush, PolledReq, RawRep
+from t1_actors.runtime.wire import RawEnvelope, pack_envelope, pack_envelope_parts, unpack_envelope
 
 Handler = Callable[[RawEnvelope], Awaitable[Record]]
 BulkHandler = Callable[[RawEnvelope], Awaitable[None]]

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 from schemas import Record
 from schemas.codec import from_wire, pack, pack_parts, to_wire, unpack
-
-from .errors import AuthError
+from t1_actors.runtime.errors import AuthError
 
 
 def pack_envelope(sender: str, dest: str, record: Record, msg_id: bytes, reply_to: bytes = b"") -> bytes:

@@ -17,12 +17,16 @@ otherwise; the ``--max-*`` flags override either.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
-from ..config import ConfigError
+from t1_actors.backends.sampler_backend import SamplerConfig
+from t1_actors.policy.config import ModelConfig
+from t1_actors.runtime.config import ConfigError
+from t1_actors.schedule import CampaignConfig
 
 __all__ = ["ModelSource", "model_source", "is_model_policy"]
 
@@ -42,17 +46,16 @@ class ModelSource:
     model: Any  # the policy's config: num_layers, top_k, num_experts (the log's routing record)
     version: int
     temperature: float
-    campaign: Any  # job.config.CampaignConfig: rollout limits and max_new_tokens
+    campaign: CampaignConfig  # rollout limits and max_new_tokens
     weights: Path | None = None  # run:/hf: (t1's torch sampler)
     sglang_url: str | None = None  # sglang:
 
     @asynccontextmanager
     async def open_sampler(self, threads: int) -> AsyncIterator[Any]:
         """The sampler backend serving this policy (closed on exit)."""
-        from ..backends.sampler_backend import SamplerConfig
 
         if self.sglang_url is not None:
-            from ..backends.sglang_sampler import SGLangSampler
+            from t1_actors.backends.sglang_sampler import SGLangSampler
 
             config = SamplerConfig(backend="sglang", sglang_url=self.sglang_url)
             async with SGLangSampler.open(config, model=self.model, version=self.version) as sampler:
@@ -60,7 +63,7 @@ class ModelSource:
             return
         import torch
 
-        from ..backends.torch_sampler import TorchSampler
+        from t1_actors.backends.torch_sampler import TorchSampler
 
         torch.set_num_threads(threads)
         policy = _load_weights(self.spec, self.weights)
@@ -95,8 +98,8 @@ def model_source(spec: str, *, temperature: float | None = None, tokenizer: str 
 
 
 def _run_source(spec: str, temperature: float | None) -> ModelSource:
-    from ..config import load_config
-    from ..job.layout import tokenizer_path, weights_dir
+    from t1_actors.job.config import load_config
+    from t1_actors.layout import tokenizer_path, weights_dir
 
     run, _, version = spec[len("run:"):].partition("@")
     run_dir = Path(run)
@@ -113,13 +116,12 @@ def _run_source(spec: str, temperature: float | None) -> ModelSource:
     if chosen not in versions:
         raise ConfigError(f"--policy {spec}: no version {chosen} in {run_dir / 'weights'} (it has {versions})")
     config = load_config(config_path)
-    return ModelSource(spec=spec, tokenizer=tokenizer_path(run_dir), model=config.section("model"), version=chosen,
-                       temperature=config.section("sampler").temperature if temperature is None else temperature,
-                       campaign=config.section("campaign"), weights=weights_dir(run_dir, chosen))
+    return ModelSource(spec=spec, tokenizer=tokenizer_path(run_dir), model=config.section(ModelConfig), version=chosen,
+                       temperature=config.section(SamplerConfig).temperature if temperature is None else temperature,
+                       campaign=config.section(CampaignConfig), weights=weights_dir(run_dir, chosen))
 
 
 def _hf_source(spec: str, temperature: float | None, tokenizer: str | None) -> ModelSource:
-    from ..job.config import CampaignConfig
 
     directory = Path(spec[len("hf:"):])
     model = _hf_config(directory / "config.json", f"--policy {spec}")
@@ -133,8 +135,6 @@ def _hf_source(spec: str, temperature: float | None, tokenizer: str | None) -> M
 def _sglang_source(spec: str, temperature: float | None, tokenizer: str | None,
                    model_config: str | None) -> ModelSource:
     import httpx
-
-    from ..job.config import CampaignConfig
 
     url = spec[len("sglang:"):].rstrip("/")
     if not url.startswith(("http://", "https://")):
@@ -161,7 +161,7 @@ def _sglang_source(spec: str, temperature: float | None, tokenizer: str | None,
 
 
 def _hf_config(path: Path, what: str):
-    from ..policy._hf import config_from_hf
+    from t1_actors.policy._hf import config_from_hf
 
     if not path.is_file():
         raise ConfigError(f"{what}: {path} not found; an HF model directory holds config.json + *.safetensors")
@@ -173,8 +173,8 @@ def _hf_config(path: Path, what: str):
 
 def _tokenizer(source: str | Path, spec: str) -> Path:
     """A tokenizer path ``policy.load_tokenizer`` takes; a t1 run directory means its tokenizer."""
-    from ..job.layout import tokenizer_path
-    from ..policy.tokenizer import load_tokenizer
+    from t1_actors.layout import tokenizer_path
+    from t1_actors.policy.tokenizer import load_tokenizer
 
     path = Path(source)
     if (path / "config.resolved.json").is_file():
@@ -188,9 +188,9 @@ def _tokenizer(source: str | Path, spec: str) -> Path:
 
 def _load_weights(spec: str, weights: Path):
     if spec.startswith("hf:"):
-        from ..policy._hf import from_pretrained
+        from t1_actors.policy._hf import from_pretrained
 
         return from_pretrained(weights, dtype=None).float().eval()
-    from ..policy import MoEPolicy
+    from t1_actors.policy import MoEPolicy
 
     return MoEPolicy.load(weights)

@@ -36,7 +36,7 @@ class EvalProgress:
                                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=self.console)
             self._job = self._bar.add_task("eval", total=total, completed=done, last="")
 
-    def __enter__(self) -> "EvalProgress":
+    def __enter__(self) -> EvalProgress:
         if self._bar is not None:
             self._bar.start()
         return self

@@ -20,11 +20,10 @@ import numpy as np
 import trio
 
 from schemas import SandboxExec, TrialEnded, TrialIssued
-
-from ..backends._sandbox.interface import SandboxInfraError
-from ..rollout.inprocess import InProcessPorts
-from ..policy.sampling import Generation
-from ..rollout import ToolOutcome
+from t1_actors.backends._sandbox.interface import SandboxInfraError
+from t1_actors.policy.sampling import Generation
+from t1_actors.rollout import ToolOutcome
+from t1_actors.rollout.inprocess import InProcessPorts
 
 ORACLE_PATH = "/tmp/t1-oracle/solve.sh"
 
@@ -69,7 +68,7 @@ class EvalPorts(InProcessPorts):
 
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
                        temperature: float | None = None) -> Generation:
-        from ..backends.sampler_backend import GenerateSpec
+        from t1_actors.backends.sampler_backend import GenerateSpec
 
         update: dict[str, Any] = {"seed": None if seed is None else mixed_seed(self.seed, seed)}
         if temperature is not None:

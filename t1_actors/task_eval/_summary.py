@@ -13,9 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from schemas import SandboxExec, TrialEnded, TrialIssued, VerifierResult
-
-from ..eval_stats import wilson_interval
-from ..eval_stats import Outcome, paired_change, pass_at_k
+from t1_actors.stats import Outcome, paired_change, pass_at_k, wilson_interval
 
 EVAL_SPLIT = "eval"
 FAILURE_CLASSES = ("agent", "timeout", "infrastructure")

@@ -16,13 +16,21 @@
 
 from pathlib import Path
 
-from .config import TaskSets, TasksConfig, build_task_sets
-from .errors import TaskFormatError
-from .formats import detect_format, load_task, load_tasks, write_task
-from .model import (
-    DEFAULT_WORKDIR, TESTS_DIR, Environment, FileSpec, Limits, Oracle, Task, Tests, oracle_trajectory,
+from t1_actors.tasks.config import TasksConfig, TaskSets, build_task_sets
+from t1_actors.tasks.errors import TaskFormatError
+from t1_actors.tasks.formats import detect_format, load_task, load_tasks, write_task
+from t1_actors.tasks.model import (
+    DEFAULT_WORKDIR,
+    TESTS_DIR,
+    Environment,
+    FileSpec,
+    Limits,
+    Oracle,
+    Task,
+    Tests,
+    oracle_trajectory,
 )
-from .synthetic import FAMILIES, available_families, generate, split_of
+from t1_actors.tasks.synthetic import FAMILIES, available_families, generate, split_of
 
 EXAMPLES_DIR = Path(__file__).parent / "examples"
 

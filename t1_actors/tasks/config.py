@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .formats import load_tasks
-from .model import Split, Task
-from .synthetic import generate, generate_composite, generate_nested, generate_recovery
+from t1_actors.tasks.formats import load_tasks
+from t1_actors.tasks.model import Split, Task
+from t1_actors.tasks.synthetic import generate, generate_composite, generate_nested, generate_recovery
 
 
 class TasksConfig(BaseModel):
@@ -47,7 +47,7 @@ class TasksConfig(BaseModel):
                                                           "like the eval split's")
 
     @model_validator(mode="after")
-    def _check(self) -> "TasksConfig":
+    def _check(self) -> TasksConfig:
         if self.rl_size and self.rl_size >= self.train_size:
             raise ValueError(f"[tasks] rl_size = {self.rl_size} leaves no train task for the SFT warm start "
                              f"(train_size = {self.train_size}); make rl_size smaller than train_size")

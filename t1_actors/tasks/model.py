@@ -138,7 +138,7 @@ class Tests(_Frozen):
         return value
 
     @model_validator(mode="after")
-    def _targets_exist(self) -> "Tests":
+    def _targets_exist(self) -> Tests:
         for target in self.targets:
             if target not in self.files:
                 raise ValueError(f"test target {target!r} is not among the test files {sorted(self.files)}")

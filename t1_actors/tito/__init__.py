@@ -37,13 +37,22 @@ Routing (R3) is aligned to T as well; see ``_align_routing`` for which turn's ro
     metrics = tito.tito_metrics(chunks)   # case counts, retokenized_share, drift_tokens (0), ...
 """
 
-from ._records import (
-    CASES, MAX_PROMPT_DROP, MAX_SAMPLED_DROP, Case, LossSpan, Repair, TitoDriftError, TitoError, TrajectoryChunk,
-    Turn, TurnLike,
+from t1_actors.tito._records import (
+    CASES,
+    MAX_PROMPT_DROP,
+    MAX_SAMPLED_DROP,
+    Case,
+    LossSpan,
+    Repair,
+    TitoDriftError,
+    TitoError,
+    TrajectoryChunk,
+    Turn,
+    TurnLike,
 )
-from .assembly import assemble, to_event
-from .drift import loss_region_drift, tito_metrics
-from .repairs import REPAIRS, normalized, repair_boundary, retokenized, split, strict
+from t1_actors.tito.assembly import assemble, to_event
+from t1_actors.tito.drift import loss_region_drift, tito_metrics
+from t1_actors.tito.repairs import REPAIRS, normalized, repair_boundary, retokenized, split, strict
 
 __all__ = ["CASES", "MAX_PROMPT_DROP", "MAX_SAMPLED_DROP", "REPAIRS", "Case", "LossSpan", "Repair", "TitoDriftError",
            "TitoError", "TrajectoryChunk", "Turn", "TurnLike", "assemble", "loss_region_drift", "normalized",

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from schemas import TrajectoryAssembled
-
-from ._records import LossSpan, Repair, TitoDriftError, TitoError, TrajectoryChunk, Turn, TurnLike
-from .drift import loss_region_drift
-from .repairs import REPAIRS, Case, repair_boundary
+from t1_actors.tito._records import LossSpan, Repair, TitoDriftError, TitoError, TrajectoryChunk, Turn, TurnLike
+from t1_actors.tito.drift import loss_region_drift
+from t1_actors.tito.repairs import REPAIRS, Case, repair_boundary
 
 
 def assemble(turns: Sequence[TurnLike], tokenizer: Any, *, reward: float,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from ._records import CASES, TrajectoryChunk
+from t1_actors.tito._records import CASES, TrajectoryChunk
 
 
 def loss_region_drift(chunk: TrajectoryChunk) -> int:

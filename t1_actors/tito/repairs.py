@@ -6,12 +6,13 @@ holds, or None; ``repair_boundary`` tries them in order. See the package's docst
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from ._records import MAX_PROMPT_DROP, MAX_SAMPLED_DROP, Case, Repair, TitoError, TurnLike
+from t1_actors.tito._records import MAX_PROMPT_DROP, MAX_SAMPLED_DROP, Case, Repair, TitoError, TurnLike
 
 
 def strict(prompt: np.ndarray, sampled: np.ndarray, next_prompt: np.ndarray) -> Repair | None:

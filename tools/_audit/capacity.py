@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from t1_actors.policy.config import ModelConfig
-from tools import capacity as cap
+from tools._audit import capacity_plan as cap
 from tools._output import console, fail, print_json, styled
 
 

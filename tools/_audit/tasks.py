@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from rich.table import Table
-
 from rich.text import Text
 
 from tools._output import console, fail, print_json, styled
@@ -25,8 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from t1_actors.tasks import load_tasks
     from t1_actors.tasks.errors import TaskFormatError
-    from tools.task_audit import audit_task
-    from tools.task_runner import LocalTrialRunner
+    from tools._audit.task_checks import audit_task
+    from tools._audit.task_runner import LocalTrialRunner
 
     try:
         tasks = load_tasks(args.dir)

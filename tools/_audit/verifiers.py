@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from rich.table import Table
-
 from rich.text import Text
 
 from tools._output import console, fail, print_json, styled
@@ -26,8 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from t1_actors.tasks.errors import TaskFormatError
+    from tools._audit.verifier_checks import CONFIG_NAMES, audit_verifiers, task_sources
     from tools._replay.run import RunError, RunView
-    from tools.verifier_audit import CONFIG_NAMES, audit_verifiers, task_sources
 
     try:
         view = RunView.open(args.run)

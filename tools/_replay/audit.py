@@ -20,14 +20,22 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from schemas import (
-    Event, LearnerStep, StalenessDecision, TrialEnded, TrialIssued, VerifierResult, WeightsPublished, encode,
+    Event,
+    LearnerStep,
+    StalenessDecision,
+    TrialEnded,
+    TrialIssued,
+    VerifierResult,
+    WeightsPublished,
+    encode,
 )
-from t1_actors.job.layout import sha256_file, weights_dir
+from t1_actors.layout import sha256_file, weights_dir
 
 _EXAMPLES = 5  # ids listed per finding (the counts are complete)
 

@@ -30,10 +30,9 @@ import numpy as np
 import torch
 
 from schemas import SamplerTurn, TrajectoryAssembled, TrialIssued
-
-from .align import Rerendered, rerender
-from .boundaries import boundary_report
-from .run import RunError
+from tools._replay.align import Rerendered, rerender
+from tools._replay.boundaries import boundary_report
+from tools._replay.run import RunError
 
 MODES = ("r3_tito", "tito", "r3", "none")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from schemas import Event, SamplerTurn, WeightsPublished
 from storage import EventLog, LogError
-from t1_actors.job.layout import has_log, log_location, run_dir_of_weights, sha256_file
+from t1_actors.layout import has_log, log_location, run_dir_of_weights, sha256_file
 
 TOKENIZER_NAMES = ("tokenizer.json", "tokenizer/tokenizer.json", "assets/tokenizer.json")
 
@@ -36,7 +36,7 @@ class RunView:
     _models: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     @classmethod
-    def open(cls, run: str | Path) -> "RunView":
+    def open(cls, run: str | Path) -> RunView:
         by_url = "://" in str(run) and not str(run).startswith("file://")
         root: Path | None = None if by_url else Path(str(run).removeprefix("file://"))
         if root is not None and not root.exists():
@@ -68,7 +68,7 @@ class RunView:
         return [(eid, e) for eid, e in self.events if getattr(e, "trial_id", None) == trial_id]
 
     def trial_ids(self) -> list[str]:
-        seen = dict.fromkeys(getattr(e, "trial_id") for _, e in self.events if hasattr(e, "trial_id"))
+        seen = dict.fromkeys(e.trial_id for _, e in self.events if hasattr(e, "trial_id"))
         return list(seen)
 
     def sampler_turns(self) -> dict[str, list[SamplerTurn]]:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from schemas import (
-    SamplerTurn, SandboxExec, StalenessDecision, TrajectoryAssembled, TrialIssued, VerifierResult,
+    SamplerTurn,
+    SandboxExec,
+    StalenessDecision,
+    TrajectoryAssembled,
+    TrialIssued,
+    VerifierResult,
 )
-
-from .drift import loss_runs
-from .run import RunError, RunView
+from tools._replay.drift import loss_runs
+from tools._replay.run import RunError, RunView
 
 OUTPUT_CHARS = 2000  # of each command's stdout/stderr shown
 

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from schemas import (
-    ActorLifecycle, CriticValues, CriticWarmup, EvalResult, Event, LearnerStep, SamplerTurn, SandboxExec,
-    StalenessDecision, TrajectoryAssembled, TrialIssued, VerifierResult, WeightsPublished,
+    ActorLifecycle,
+    CriticValues,
+    CriticWarmup,
+    EvalResult,
+    Event,
+    LearnerStep,
+    SamplerTurn,
+    SandboxExec,
+    StalenessDecision,
+    TrajectoryAssembled,
+    TrialIssued,
+    VerifierResult,
+    WeightsPublished,
 )
 
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .interface import SandboxInfraError
+from t1_actors.backends._sandbox.interface import SandboxInfraError
 
 ROOT = Path("/sys/fs/cgroup")
 _PREFIX = "t1-sandbox"
@@ -104,7 +104,7 @@ class CommandCgroup:
             _kill_and_remove(path)
         self.dirs = {}
 
-    def __enter__(self) -> "CommandCgroup":
+    def __enter__(self) -> CommandCgroup:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .interface import SandboxInfraError
+from t1_actors.backends._sandbox.interface import SandboxInfraError
 
 
 def requirement_name(requirement: str) -> str:

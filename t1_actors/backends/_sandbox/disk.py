@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .interface import SandboxInfraError
+from t1_actors.backends._sandbox.interface import SandboxInfraError
 
 IMAGE = "disk.img"
 MOUNTPOINT = "disk"

@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..dockerfile import BuildPlan, CopyStep, RunStep, WorkdirStep, plan_dockerfile
-from .interface import BuildReport, ExecResult, SandboxInfraError
-from .layers import Layer, RootStack, remove_tree, unmount_all
-from .profiles import APT_SHIMS, APT_STANDIN_LOG, PYTHON_SHIMS, ImageProfile, profile_for
-from .rootfs import RootFS
-from .runner import BASE_ENV, ExecLimits, run_in_root
+from t1_actors.backends._sandbox.interface import BuildReport, ExecResult, SandboxInfraError
+from t1_actors.backends._sandbox.layers import Layer, RootStack, remove_tree, unmount_all
+from t1_actors.backends._sandbox.profiles import APT_SHIMS, APT_STANDIN_LOG, PYTHON_SHIMS, ImageProfile, profile_for
+from t1_actors.backends._sandbox.rootfs import RootFS
+from t1_actors.backends._sandbox.runner import BASE_ENV, ExecLimits, run_in_root
+from t1_actors.backends.dockerfile import BuildPlan, CopyStep, RunStep, WorkdirStep, plan_dockerfile
 
 if TYPE_CHECKING:
     from t1_actors.tasks.model import Task
@@ -44,7 +44,7 @@ class Image:
     report: BuildReport
 
 
-def environment_plan(task: "Task") -> BuildPlan:
+def environment_plan(task: Task) -> BuildPlan:
     environment = task.environment
     if environment.dockerfile is None:
         return BuildPlan(workdir=environment.workdir)
@@ -54,7 +54,7 @@ def environment_plan(task: "Task") -> BuildPlan:
         raise SandboxBuildError(f"task {task.id}: Dockerfile: {exc}") from exc
 
 
-def image_key(task: "Task", plan: BuildPlan, system_dirs: tuple[str, ...]) -> str:
+def image_key(task: Task, plan: BuildPlan, system_dirs: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     environment = task.environment
     digest.update(json.dumps({
@@ -82,7 +82,7 @@ def _hash_tree(path: Path, digest) -> None:
         digest.update(path.read_bytes())
 
 
-def build_image(task: "Task", store: Path, stack: RootStack, limits: ExecLimits, network: bool) -> Image:
+def build_image(task: Task, store: Path, stack: RootStack, limits: ExecLimits, network: bool) -> Image:
     """The image of ``task``'s environment, from the cache or built now."""
     plan = environment_plan(task)
     key = image_key(task, plan, stack.system_dirs)
@@ -119,14 +119,14 @@ def _load(path: Path) -> Image | None:
     return Image(path.name, Layer(path), data["env"], data["workdir"], BuildReport(**{**data["report"], "cached": True}))
 
 
-def _files_only(task: "Task", plan: BuildPlan, system_dirs: tuple[str, ...]) -> bool:
+def _files_only(task: Task, plan: BuildPlan, system_dirs: tuple[str, ...]) -> bool:
     """True when the environment is just files outside the host's system dirs: no mount needed to build it."""
     return not plan.steps and not task.environment.setup and profile_for(
         plan.base_images[0] if plan.base_images else None) is None and all(
         path.split("/")[1] not in system_dirs for path in [*task.environment.files, task.environment.workdir])
 
 
-def _build_files_only(task: "Task", key: str, scratch: Path, stack: RootStack) -> Image:
+def _build_files_only(task: Task, key: str, scratch: Path, stack: RootStack) -> Image:
     start = time.monotonic()
     layer = Layer(scratch / "layer").create(stack.system_dirs)
     root = RootFS(layer.root())  # a fresh layer has no symlinks to follow: plain writes are exact
@@ -137,7 +137,7 @@ def _build_files_only(task: "Task", key: str, scratch: Path, stack: RootStack) -
                  BuildReport(None, 0, [], False, time.monotonic() - start))
 
 
-def _build(task: "Task", plan: BuildPlan, key: str, scratch: Path, stack: RootStack, limits: ExecLimits,
+def _build(task: Task, plan: BuildPlan, key: str, scratch: Path, stack: RootStack, limits: ExecLimits,
            network: bool) -> Image:
     if _files_only(task, plan, stack.system_dirs):
         return _build_files_only(task, key, scratch, stack)

@@ -17,7 +17,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import linux
+from t1_actors.backends._sandbox import linux
 
 _CANDIDATE_SYSTEM_DIRS = ("usr", "etc", "var", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 FRESH_DIRS = {"tmp": 0o1777, "root": 0o700, "opt": 0o755, "srv": 0o755, "home": 0o755, "mnt": 0o755,
@@ -63,7 +63,7 @@ class Layer:
     def sys(self, name: str) -> Path:
         return self.path / "sys" / name
 
-    def create(self, system_dirs: tuple[str, ...]) -> "Layer":
+    def create(self, system_dirs: tuple[str, ...]) -> Layer:
         self.root().mkdir(parents=True, exist_ok=True)
         for name in system_dirs:
             self.sys(name).mkdir(parents=True, exist_ok=True)
@@ -115,7 +115,7 @@ class RootStack:
                 "system_dirs": list(self.system_dirs)}
 
     @classmethod
-    def from_json(cls, data: dict) -> "RootStack":
+    def from_json(cls, data: dict) -> RootStack:
         return cls(Path(data["skeleton"]), tuple(Layer(Path(p)) for p in data["layers"]),
                    tuple(data["system_dirs"]))
 

@@ -11,8 +11,8 @@ import selectors
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 _CHUNK = 1 << 16
 

@@ -21,9 +21,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from .interface import SandboxInfraError
-from .pytest_outcomes import FILE_PLUGIN, parse_outcomes
-from .verify_server import PYTEST_ARGS
+from t1_actors.backends._sandbox.interface import SandboxInfraError
+from t1_actors.backends._sandbox.pytest_outcomes import FILE_PLUGIN, parse_outcomes
+from t1_actors.backends._sandbox.verify_server import PYTEST_ARGS
 
 ENV_READY_MARKER = "/tmp/.t1-env-ready"  # touched by a backend when the task's environment is laid down
 _SUSPICIOUS = ["conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "sitecustomize.py", "usercustomize.py",

@@ -8,7 +8,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import linux
+from t1_actors.backends._sandbox import linux
 
 
 class RootFS:

@@ -10,9 +10,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cgroups, linux
-from .interface import ExecResult, SandboxInfraError
-from .process import run_captured
+from t1_actors.backends._sandbox import cgroups, linux
+from t1_actors.backends._sandbox.interface import ExecResult, SandboxInfraError
+from t1_actors.backends._sandbox.process import run_captured
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_ENV = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", "DEBIAN_FRONTEND": "noninteractive"}

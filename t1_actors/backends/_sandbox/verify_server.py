@@ -22,10 +22,10 @@ import time
 import traceback
 from pathlib import Path
 
-from . import linux
-from .cgroups import CgroupLimits, CommandCgroup
-from .layers import Layer, RootStack, remove_tree
-from .pytest_outcomes import OutcomeReporter, parse_outcomes
+from t1_actors.backends._sandbox import linux
+from t1_actors.backends._sandbox.cgroups import CgroupLimits, CommandCgroup
+from t1_actors.backends._sandbox.layers import Layer, RootStack, remove_tree
+from t1_actors.backends._sandbox.pytest_outcomes import OutcomeReporter, parse_outcomes
 
 PYTEST_ARGS = ["-p", "no:cacheprovider", "-c", "/dev/null", "--rootdir", "/tests", "--confcutdir", "/tests",
                "-o", "addopts=", "-q", "--no-header", "-p", "no:stepwise",

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import TaskFormatError
-from ..model import SourceFormat, Task
-from .harbor import is_harbor, load_harbor
-from .own import is_own, load_own, write_own
-from .terminal_bench import is_terminal_bench, load_terminal_bench
+from t1_actors.tasks.errors import TaskFormatError
+from t1_actors.tasks.formats.harbor import is_harbor, load_harbor
+from t1_actors.tasks.formats.own import is_own, load_own, write_own
+from t1_actors.tasks.formats.terminal_bench import is_terminal_bench, load_terminal_bench
+from t1_actors.tasks.model import SourceFormat, Task
 
 __all__ = ["detect_format", "load_task", "load_tasks", "write_task"]
 

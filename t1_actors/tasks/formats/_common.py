@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import TaskFormatError
-from ..model import Task
+from t1_actors.tasks.errors import TaskFormatError
+from t1_actors.tasks.model import Task
 
 _SKIPPED_NAMES = {"__pycache__", ".pytest_cache", ".git", ".DS_Store"}
 

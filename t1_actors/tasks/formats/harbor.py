@@ -17,11 +17,17 @@ from typing import Any
 
 import yaml
 
-from ..errors import TaskFormatError
-from ..model import DEFAULT_WORKDIR, Task
-from ._common import (
-    build_task, dockerfile_facts, expect, read_text, read_tree, runner_dependencies, runner_targets,
+from t1_actors.tasks.errors import TaskFormatError
+from t1_actors.tasks.formats._common import (
+    build_task,
+    dockerfile_facts,
+    expect,
+    read_text,
+    read_tree,
+    runner_dependencies,
+    runner_targets,
 )
+from t1_actors.tasks.model import DEFAULT_WORKDIR, Task
 
 MARKER = "task.toml"
 SOLUTION_DIR = "/solution"  # where Harbor's oracle agent uploads solution/ before running solve.sh

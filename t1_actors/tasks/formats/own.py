@@ -17,9 +17,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from ..errors import TaskFormatError
-from ..model import Task
-from ._common import build_task, expect, read_text, read_tree, write_bytes
+from t1_actors.tasks.errors import TaskFormatError
+from t1_actors.tasks.formats._common import build_task, expect, read_text, read_tree, write_bytes
+from t1_actors.tasks.model import Task
 
 MARKER = "t1-task.toml"
 _DEFAULT_MODE = 0o644

@@ -22,13 +22,13 @@ import random
 import shutil
 from collections.abc import Iterable
 
-from ..model import Split, Task
-from ._composite import compose, composite_name, draw_parts
-from ._draft import Draft, Family, render_tests
-from ._recovery import recovery_split, with_missing_directory
-from ._files import FAMILIES as _FILE_FAMILIES
-from ._text import FAMILIES as _TEXT_FAMILIES
-from ._tools import FAMILIES as _TOOL_FAMILIES
+from t1_actors.tasks.model import Split, Task
+from t1_actors.tasks.synthetic._composite import compose, composite_name, draw_parts
+from t1_actors.tasks.synthetic._draft import Draft, Family, render_tests
+from t1_actors.tasks.synthetic._files import FAMILIES as _FILE_FAMILIES
+from t1_actors.tasks.synthetic._recovery import recovery_split, with_missing_directory
+from t1_actors.tasks.synthetic._text import FAMILIES as _TEXT_FAMILIES
+from t1_actors.tasks.synthetic._tools import FAMILIES as _TOOL_FAMILIES
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (*_FILE_FAMILIES, *_TEXT_FAMILIES, *_TOOL_FAMILIES)}
 EVAL_PERCENT = 20  # share of each family's instruction space that belongs to the eval split

@@ -20,7 +20,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from ._draft import Check, Draft, Family
+from t1_actors.tasks.synthetic._draft import Check, Draft, Family
 
 MAX_CHECKS = 20  # S of the reward: a composite never has more checks than r = P / 20 can credit
 HELD_OUT_PERCENT = 34  # share of family pairings kept for the eval (never in an RL composite)

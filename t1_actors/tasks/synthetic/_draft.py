@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 # Small vocabularies, so the policy's BPE learns them: names of files and dirs, words inside files.
 NAMES = (

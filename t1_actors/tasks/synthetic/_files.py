@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import random
 
-from ._draft import EXTENSIONS, NAMES, Check, Draft, Family, distinct, identifier, lines_of_words, text
+from t1_actors.tasks.synthetic._draft import (
+    EXTENSIONS,
+    NAMES,
+    Check,
+    Draft,
+    Family,
+    distinct,
+    identifier,
+    lines_of_words,
+    text,
+)
 
 
 def _content(rng: random.Random) -> str:

@@ -18,7 +18,7 @@ import hashlib
 import random
 import re
 
-from ._draft import NAMES, Check, Draft
+from t1_actors.tasks.synthetic._draft import NAMES, Check, Draft
 
 HELD_OUT_PERCENT = 34  # share of eligible families whose recovery tasks only the eval split has
 _OUTPUT = re.compile(r">>?\s*(/app/[A-Za-z0-9_.\-]+)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from ._draft import NAMES, WORDS, Check, Draft, Family, distinct, lines_of_words, text
+from t1_actors.tasks.synthetic._draft import NAMES, WORDS, Check, Draft, Family, distinct, lines_of_words, text
 
 
 def write_lines(rng: random.Random) -> Draft:

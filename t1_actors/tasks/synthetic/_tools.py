@@ -7,7 +7,17 @@ import io
 import random
 import tarfile
 
-from ._draft import NAMES, WORDS, Check, Draft, Family, distinct, identifier, lines_of_words, text
+from t1_actors.tasks.synthetic._draft import (
+    NAMES,
+    WORDS,
+    Check,
+    Draft,
+    Family,
+    distinct,
+    identifier,
+    lines_of_words,
+    text,
+)
 
 GIT_IDENTITY = {  # git refuses to commit without an identity; the task's environment gives one
     "GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@example.com",

@@ -1,0 +1,32 @@
+"""The sandbox backends behind one interface: ``[sandbox]`` names the backend and holds each one's settings;
+``open_backend`` makes the configured one (``local``: bubblewrap on this host; ``daytona``: the Daytona SDK)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from t1_actors.backends.daytona_sandbox import DaytonaSandboxConfig
+from t1_actors.backends.local_sandbox import LocalSandboxConfig
+
+
+class SandboxConfig(BaseModel):
+    """The run's ``[sandbox]`` section: which backend, and each backend's settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["local", "daytona"] = "local"
+    local: LocalSandboxConfig = Field(default_factory=LocalSandboxConfig)
+    daytona: DaytonaSandboxConfig = Field(default_factory=DaytonaSandboxConfig)
+
+
+def open_backend(config: SandboxConfig) -> Any:
+    """The configured backend (blocking: run it in a thread)."""
+    if config.backend == "daytona":
+        from t1_actors.backends.daytona_sandbox import DaytonaSandboxBackend
+
+        return DaytonaSandboxBackend(config.daytona)
+    from t1_actors.backends.local_sandbox import LocalSandboxBackend
+
+    return LocalSandboxBackend(config.local)

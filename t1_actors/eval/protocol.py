@@ -1,0 +1,115 @@
+"""Telling a skill from sharpening: the eval protocol the campaign runs on the SFT policy and on the RL policy.
+
+A gain at T = 1.0 that the SFT policy reaches by a lower temperature is sharpening, not a skill. So each
+policy gets, in this order (every pass seeded by ``trials.eval_seed``: common random numbers across
+policies, temperatures and passes):
+
+1. the validation split at every temperature of ``[eval] temperatures``; its best temperature is the one
+   resolving most validation tasks (ties: higher mean reward, then the temperature nearest the run's);
+2. the eval split at the run's sampling temperature (labels ``before`` / ``after``, as always);
+3. the eval split at the best temperature (``sft_best`` / ``rl_best``; skipped when that is the run's
+   temperature: the pass of step 2 is the same draw);
+4. ``pass_k_samples`` attempts at each of ``pass_k_tasks`` fixed eval tasks at the best temperature
+   (``sft_passk`` / ``rl_passk``): pass@k for k = 1..n. A skill lifts the whole curve, sharpening crosses it.
+
+Each pass is one ``EvalResult`` in the log, its trials labelled with it (``TrialIssued.label``); a pass
+already in the log is not run again (a restarted staleness controller resumes the protocol). The
+statistics of the comparison live in ``eval_stats``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas import EvalResult
+from t1_actors.rollout.trials import TrialRunner, run_eval
+
+POLICIES = ("sft", "rl")
+AT_RUN_TEMPERATURE = {"sft": "before", "rl": "after"}  # the labels summary.json has always read
+
+
+class EvalConfig(BaseModel):
+    """[eval]: the protocol's sizes. The split sizes themselves are [tasks] (eval_size, validation_size,
+    composite_eval, composite_validation)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperatures: list[float] = Field([0.1, 0.25, 0.5, 0.7, 1.0], min_length=1,
+                                      description="the grid each policy's best temperature is chosen from, on "
+                                                  "the validation split")
+    pass_k_tasks: int = Field(32, ge=0, description="eval tasks of the pass@k curve (recovery and composite "
+                                                    "tasks first, in eval order); 0: no pass@k")
+    pass_k_samples: int = Field(16, ge=1, description="attempts per pass@k task: pass@k for k = 1..this")
+    sft_passes: Literal["run", "warm_start"] = Field(
+        "run", description="where the SFT policy's passes come from: this run plays them ('run'), or they are "
+                           "read from the log of [campaign] warm_start_from ('warm_start': the same policy, tasks "
+                           "and eval seeds give the same draws, so RL seeds sharing one SFT pair against one pass)")
+
+    @field_validator("temperatures")
+    @classmethod
+    def _positive(cls, grid: list[float]) -> list[float]:
+        if any(t <= 0 for t in grid) or len(set(grid)) != len(grid):
+            raise ValueError(f"[eval] temperatures = {grid}: each must be > 0 and appear once")
+        return sorted(grid)
+
+
+def label(policy: str, what: str, temperature: float | None = None) -> str:
+    """The label of one pass: ``sft_val_T0.5``, ``rl_best``, ``sft_passk``, or before / after."""
+    if what == "run":
+        return AT_RUN_TEMPERATURE[policy]
+    return f"{policy}_val_T{temperature:g}" if what == "val" else f"{policy}_{what}"
+
+
+def best_temperature(grid: dict[float, EvalResult], run_temperature: float) -> float:
+    """The temperature resolving the most validation trials; ties: higher mean reward, then the one
+    nearest ``run_temperature``."""
+    if not grid:
+        raise ValueError("no validation pass to choose a temperature from")
+    return max(grid, key=lambda t: (grid[t].resolved / max(grid[t].n, 1), grid[t].mean_reward,
+                                    -abs(t - run_temperature)))
+
+
+SKILL_KINDS = ("recovery", "composite")  # task kinds whose skill SFT never demonstrates
+
+
+def pass_k_subset(eval_tasks: Sequence, n: int) -> list[str]:
+    """The fixed pass@k tasks: the first ``n`` eval tasks of the skill kinds (recovery, composite), then
+    single-requirement ones, in eval order."""
+    skill = [t.id for t in eval_tasks if (t.family or "").startswith(SKILL_KINDS)]
+    single = [t.id for t in eval_tasks if not (t.family or "").startswith(SKILL_KINDS)]
+    return (skill + single)[:n]
+
+
+async def evaluate_policy(runner: TrialRunner, policy: str, *, validation_ids: list[str], eval_ids: list[str],
+                          pass_k_ids: list[str], config: EvalConfig, run_temperature: float, concurrency: int,
+                          done: dict[str, EvalResult],
+                          on_pass: Callable[[str], Awaitable[None]] | None = None) -> float:
+    """Run the protocol's passes for ``policy`` ("sft" or "rl") that ``done`` (label -> logged result)
+    lacks; returns the best temperature chosen on validation (the run's when there is no validation split)."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+
+    async def run(name: str, task_ids: list[str], temperature: float | None, samples: int = 1,
+                  last: bool = False) -> EvalResult:
+        if name not in done:
+            if on_pass is not None:
+                await on_pass(name)
+            done[name] = await run_eval(runner, task_ids, label=name, concurrency=concurrency,
+                                        temperature=temperature, samples=samples, last=last)
+        return done[name]
+
+    grid: dict[float, EvalResult] = {}
+    if validation_ids:
+        for temperature in config.temperatures:
+            grid[temperature] = await run(label(policy, "val", temperature), validation_ids, temperature)
+    best = best_temperature(grid, run_temperature) if grid else run_temperature
+    with_best, with_pass_k = best != run_temperature, bool(pass_k_ids and config.pass_k_tasks)
+    await run(label(policy, "run"), eval_ids, None, last=not (with_best or with_pass_k))
+    if with_best:
+        await run(label(policy, "best"), eval_ids, best, last=not with_pass_k)
+    if with_pass_k:
+        await run(label(policy, "passk"), pass_k_ids, best, samples=config.pass_k_samples, last=True)
+    return best

@@ -1,0 +1,143 @@
+"""The campaign's phases and their budgets (``[campaign]``), and the schedule, as the staleness controller plays it over ``TrialPorts``:
+
+    eval of the SFT policy -> warm-up trials + the critic's warm-up -> asynchronous PPO -> eval of the RL policy
+
+Each phase is skipped when the log shows it done, so a restarted controller resumes where the last one
+stopped. The task orders are functions of ``[campaign] seed`` alone: ``t1-probe`` (the synchronous twin)
+draws the same warm-up tasks and the same RL order for a seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field
+
+from t1_actors.eval.protocol import EvalConfig, evaluate_policy
+from t1_actors.rollout import RolloutLimits
+from t1_actors.rollout.admission import StalenessConfig, grouped
+from t1_actors.rollout.trials import BatchStats, TrialRunner, run_batches, run_warmup
+
+
+class CampaignConfig(BaseModel):
+    """[campaign]: the phases' budgets. Defaults: the <= 30 min tiny run on 2 CPU cores."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = 0
+    tokenizer_vocab: int = Field(1024, ge=300)
+    tokenizer: str | None = Field(None, description="an HF tokenizer directory (tokenizer.json + tokenizer_config.json "
+                                                    "with its chat_template, e.g. .cache/qwen3-tokenizer) used instead "
+                                                    "of training t1's BPE: its template renders SFT chats (with "
+                                                    "reasoning, t1_actors.warmstart.chats) and every prompt; [model] "
+                                                    "vocab_size becomes its size")
+    sft_steps: int | None = Field(600, gt=0, description="SFT optimiser steps (None: train until sft_seconds); "
+                                                        "a step budget makes two runs of one seed the same")
+    sft_seconds: float = Field(1800.0, gt=0, description="upper bound on SFT's wall time (the whole budget when "
+                                                         "sft_steps is None)")
+    sft_batch_size: int = Field(32, gt=0)
+    sft_lr: float = Field(1e-3, gt=0)
+    sft_max_len: int = Field(640, gt=16)
+    sft_threads: int = Field(2, gt=0)
+    sft_oracle_workers: int = Field(2, gt=0, description="sandboxes executing oracles at once before SFT")
+    sft_anchor_every: int = Field(2, ge=0, description="every n-th SFT step trains on one fixed anchor batch "
+                                                       "(0: never); see warmstart.supervised_finetune")
+    warmup_trials: int = Field(64, ge=0)
+    rl_steps: int | None = Field(None, ge=0, description="PPO steps (admitted batches) of the RL phase; None: "
+                                                        "until rl_seconds")
+    rl_seconds: float = Field(660.0, ge=0, description="upper bound on the RL phase's wall time (the whole budget "
+                                                       "when rl_steps is None)")
+    eval_concurrency: int = Field(32, gt=0)
+    max_turns: int = Field(4, gt=0)
+    max_new_tokens: int = Field(64, gt=0)
+    max_context: int = Field(768, gt=32)
+    tool_output_chars: int = Field(240, gt=0)
+    actor_ready_timeout_s: float = Field(120.0, gt=0)
+    finish_timeout_s: float = Field(600.0, gt=0)  # after rl_seconds: last steps and the final eval
+    warm_start_from: str | None = Field(None, description="a previous run's directory: reuse its tokenizer and "
+                                                          "SFT policy (version 0) instead of phases 2-3")
+    tito_repairs: list[Literal["normalized", "retokenized"]] = Field(
+        [], description="TITO repairs tried before a split ([] = every loss token keeps the sampler's exact "
+                        "context; a repaired boundary trains later turns on a context the sampler never saw)")
+
+    def rollout_limits(self) -> RolloutLimits:
+        return RolloutLimits(max_turns=self.max_turns, max_new_tokens=self.max_new_tokens,
+                             max_context=self.max_context, tool_output_chars=self.tool_output_chars)
+
+
+def warmup_task_ids(rl_ids: list[str], n: int, seed: int) -> list[str]:
+    """The critic's warm-up tasks: ``n`` distinct RL tasks drawn with ``seed + 1``."""
+    return random.Random(seed + 1).sample(rl_ids, min(n, len(rl_ids)))
+
+
+def rl_task_order(rl_ids: list[str], seed: int) -> list[str]:
+    """One pass over the RL tasks in the order RL draws them (drawn with ``seed + 2``; RL cycles it)."""
+    return random.Random(seed + 2).sample(rl_ids, len(rl_ids))
+
+
+@dataclass
+class TaskSplits:
+    rl: list[str]  # the train tasks RL may draw ([tasks] rl_size)
+    validation: list[str]
+    eval: list[str]
+    pass_k: list[str]
+
+
+@dataclass
+class Controller:
+    """What the schedule needs from the controller that plays it (the staleness actor)."""
+
+    logger: object  # structured logger: .info(event, **fields)
+    version: Callable[[], int]  # the learner's newest published version
+    wait_for_version: Callable[[int, Callable[[], bool]], Awaitable[None]]
+    events: Callable[[str], Awaitable[list]]  # the log's events of one kind
+    rl_seconds_left: Callable[[], float]  # the RL phase's wall-clock budget left (it survives restarts)
+    warm_up_critic: Callable[[list[str]], Awaitable[None]]
+
+
+async def play_schedule(runner: TrialRunner, controller: Controller, splits: TaskSplits, *, campaign: CampaignConfig,
+                        staleness: StalenessConfig, eval_config: EvalConfig, run_temperature: float,
+                        stats: BatchStats) -> None:
+    """Play every phase the log does not show done; returns after the RL policy's last eval pass."""
+    log = controller.logger
+    done = {e.label: e for e in await controller.events("eval_result")}
+
+    async def evaluate(policy: str) -> None:
+        async def on_pass(name: str) -> None:
+            log.info("phase", phase=f"eval {name}", policy_version=controller.version())
+
+        best = await evaluate_policy(runner, policy, validation_ids=splits.validation, eval_ids=splits.eval,
+                                     pass_k_ids=splits.pass_k, config=eval_config, run_temperature=run_temperature,
+                                     concurrency=campaign.eval_concurrency, done=done, on_pass=on_pass)
+        log.info("best_temperature", policy=policy, temperature=best)
+
+    if eval_config.sft_passes == "run":  # else they are the warm-start run's (the summary reads them there)
+        await evaluate("sft")
+    if campaign.warmup_trials and not await controller.events("critic_warmup"):
+        log.info("phase", phase="warmup", n=campaign.warmup_trials)
+        warm_ids = warmup_task_ids(splits.rl, campaign.warmup_trials, campaign.seed)
+        await controller.warm_up_critic(await run_warmup(runner, warm_ids, concurrency=campaign.eval_concurrency))
+    if not any(name == "after" or name.startswith("rl_") for name in done):  # RL not yet evaluated
+        log.info("phase", phase="rl", seconds=campaign.rl_seconds)
+        order = grouped(itertools.cycle(rl_task_order(splits.rl, campaign.seed)), staleness.group_size)
+        end = trio.current_time() + controller.rl_seconds_left()
+        # steps a restarted controller finds already taken (read from the log, not the version follower)
+        learned_before = max((e.version for e in await controller.events("weights_published")), default=0)
+
+        def until() -> bool:  # the step budget (two runs of a seed take the same steps) or the clock
+            budget = campaign.rl_steps
+            steps_done = budget is not None and learned_before + stats.batches >= budget
+            return steps_done or trio.current_time() >= end
+
+        await run_batches(runner, lambda: next(order), staleness, until=until,
+                          wait_for_learner=lambda v: controller.wait_for_version(v, until), stats=stats)
+        # Let the learner finish the batches already admitted before the final eval.
+        with trio.move_on_after(campaign.finish_timeout_s / 2):
+            await controller.wait_for_version(stats.batches, lambda: False)
+        log.info("phase", phase="eval_after", policy_version=controller.version(), bias=stats.bias.summary())
+    await evaluate("rl")
