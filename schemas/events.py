@@ -140,11 +140,13 @@ class TrialEnded(Event):
 class TrajectoryAssembled(Event):
     """A TITO trajectory chunk: token stream, loss mask, sampler logprobs and routing aligned to it.
 
-    ``boundary_cases`` has one entry per turn boundary (strict/normalized/retokenized/split).
+    ``boundary_cases`` has one entry per turn boundary (strict/normalized/retokenized/split, or version: the
+    policy version changed, so the chunk starts afresh with its own prefix routing).
     ``token_versions`` is the policy version per token (loss tokens; 0 elsewhere).
     """
 
     kind = "trajectory"
+    schema_version = 2  # 2 adds the boundary case "version"
     trial_id: str
     chunk: int = Field(ge=0)
     task_id: str
@@ -153,7 +155,7 @@ class TrajectoryAssembled(Event):
     sampler_logprobs: Array("float32")
     routing: RoutingArray | None = None
     token_versions: Array("int32")
-    boundary_cases: list[Literal["strict", "normalized", "retokenized", "split"]]
+    boundary_cases: list[Literal["strict", "normalized", "retokenized", "split", "version"]]
     reward: float
     policy_version: int = Field(ge=0)  # the oldest version that produced a loss token
     turns: int = Field(ge=0)

@@ -152,12 +152,13 @@ def play(tok: Tokenizer, texts: list[str], *, outputs: list[str] | None = None,
          render: Callable[..., str] = render_chat,
          sample: Callable[[str, int], np.ndarray] | None = None,
          append_tokens: bool = False, compact_after: int | None = None, tool_chars: int = 240,
-         seed: int = 0) -> Trial:
+         seed: int = 0, turns_per_version: int | None = None) -> Trial:
     """Play a scripted trial: each turn render the chat (generation prompt on), tokenize it (p_i), "sample"
     the ids of ``texts[i]`` (``sample(text, i)``, canonical by default), then append the harness's message and
     the (truncated) tool output. ``append_tokens``: build p_{i+1} by appending the tool turn's ids to
     p_i ++ a_i instead of re-rendering (and so drop the newline after <|im_end|>, a classic bug).
-    ``compact_after``: from that turn on, re-truncate all past tool outputs to 40 characters."""
+    ``compact_after``: from that turn on, re-truncate all past tool outputs to 40 characters.
+    ``turns_per_version``: the learner publishes a new version every that many turns (None: one version)."""
     rng = np.random.default_rng(seed)
     sample = sample or (lambda text, i: encode(tok, text))
     outputs = outputs if outputs is not None else [f"exit_code: 0\nline {i}\n" for i in range(len(texts))]
@@ -170,7 +171,7 @@ def play(tok: Tokenizer, texts: list[str], *, outputs: list[str] | None = None,
                               for m in trial.messages]
             prompt = encode(tok, render(trial.messages, add_generation_prompt=True))
         sampled = np.asarray(sample(text, i), dtype=np.int32)
-        version = i // 2
+        version = i // turns_per_version if turns_per_version else 0
         trial.turns.append(Turn(prompt_ids=prompt, sampled_ids=sampled,
                                 sampler_logprobs=-rng.random(len(sampled)).astype(np.float32),
                                 routing=traceable_routing(i, np.concatenate([prompt, sampled])),

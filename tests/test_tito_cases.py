@@ -289,15 +289,41 @@ def test_no_routing_gives_none(tok):
 
 
 def test_event_round_trips_and_carries_versions(tok):
-    trial = play(tok, TEXTS)  # versions 0, 0, 1
-    [chunk] = assemble(trial, tok, reward=0.45)
-    event = tito.to_event(chunk, trial_id="trial-7", task_id="wc")
-    assert schemas.decode(schemas.encode(event)) == event
-    assert event.boundary_cases == ["strict", "strict"] and event.turns == 3 and event.policy_version == 0
-    assert event.reward == 0.45 and event.routing.dtype == np.uint8
-    versions = event.token_versions[event.loss_mask.astype(bool)]
+    trial = play(tok, TEXTS, turns_per_version=2)  # versions 0, 0, 1: the version change opens chunk 1
+    first, second = assemble(trial, tok, reward=0.45)
+    events = [tito.to_event(chunk, trial_id="trial-7", task_id="wc") for chunk in (first, second)]
+    for event in events:
+        assert schemas.decode(schemas.encode(event)) == event
+        assert event.reward == 0.45 and event.routing.dtype == np.uint8
+    assert events[0].boundary_cases == ["strict"] and events[0].turns == 2 and events[0].policy_version == 0
+    assert events[1].boundary_cases == ["version"] and events[1].turns == 1 and events[1].policy_version == 1
     lengths = [len(t.sampled_ids) for t in trial.turns]
-    np.testing.assert_array_equal(versions, np.repeat([0, 0, 1], lengths))
+    for event, expected in zip(events, ([0, 0], [1])):
+        versions = event.token_versions[event.loss_mask.astype(bool)]
+        np.testing.assert_array_equal(versions, np.repeat(expected, lengths[:2] if expected == [0, 0] else lengths[2:]))
+
+
+def test_a_version_change_opens_a_chunk_replayed_with_its_own_forwards_routing(tok):
+    """R3 across versions: after a weight update the prompt was prefilled under the new weights and routed
+    differently, so a turn of a new version starts a chunk whose stream is exactly p_i ++ a_i and whose routing
+    is every row of that turn's own record; turns of one version share a chunk; without a routing record (no R3)
+    a version change needs no chunk of its own."""
+    trial = play(tok, TEXTS + [TEXTS[0]], turns_per_version=2)  # versions 0, 0, 1, 1
+    chunks = tito.assemble(trial.turns, tok, reward=0.2)
+    assert [c.turns for c in chunks] == [(0, 1), (2, 3)] and cases(chunks) == ["strict", "version", "strict"]
+    assert tito.tito_metrics(chunks)["boundary_version"] == 1
+    check_loss_region(chunks, trial.turns)
+    trial = play(tok, TEXTS, turns_per_version=1)  # versions 0, 1, 2: a chunk per turn
+    chunks = tito.assemble(trial.turns, tok, reward=0.2)
+    assert cases(chunks) == ["version", "version"]
+    for chunk, turn in zip(chunks, trial.turns):  # every row, the prefix's included, is the turn's own forward's
+        np.testing.assert_array_equal(chunk.token_ids, np.concatenate([turn.prompt_ids, turn.sampled_ids]))
+        np.testing.assert_array_equal(chunk.routing, turn.routing)
+        assert chunk.routing_recorded.all()
+    check_loss_region(chunks, trial.turns)
+    unrecorded = [tito.Turn(**{**t.__dict__, "routing": None}) for t in trial.turns]
+    [one] = tito.assemble(unrecorded, tok, reward=0.2)
+    assert one.boundary_cases == ("strict", "strict")
 
 
 def test_samplerturn_events_are_accepted(tok):
@@ -375,7 +401,7 @@ def test_partial_rollout_versions_per_token(tok):
     n = len(turns[1].sampled_ids)
     versions = np.asarray([4] * (n // 2) + [5] * (n - n // 2), dtype=np.int32)
     turns[0] = tito.Turn(**{**turns[0].__dict__, "policy_version": 4})
-    turns[1] = tito.Turn(**{**turns[1].__dict__, "token_versions": versions, "policy_version": 5})
+    turns[1] = tito.Turn(**{**turns[1].__dict__, "token_versions": versions, "policy_version": 4})  # began under 4
     turns[2] = tito.Turn(**{**turns[2].__dict__, "policy_version": 5})
     [chunk] = tito.assemble(turns, tok, reward=0.0)
     loss_versions = chunk.token_versions[chunk.loss_mask.astype(bool)]

@@ -88,6 +88,9 @@ def _drift(args) -> int:
             f"{_pct(out['drift_rate_loss_rerendered'])}; retokenized share: {_pct(out['retokenized_share'])}; "
             f"logprob record mismatches: {out['logprob_record_mismatch']}")
     c.print(f"repair cases: {out['repair_cases']}")
+    for span, gaps in out["gap_by_versions"].items():  # R3 must be exact across a trial's weight versions too
+        c.print(f"{span.replace('_', '-')} trials ({out['loss_tokens_by_versions'].get(span, 0)} loss tokens): "
+                + ", ".join(f"{mode} {_num(gap)}" for mode, gap in gaps.items()))
     b = out["boundaries"]
     shares = " ".join(f"{case}={share:.3f}" for case, share in b["repair_case_shares"].items() if share is not None)
     changes = b["template_changes"]

@@ -10,8 +10,8 @@ import numpy as np
 MAX_PROMPT_DROP = 96  # s: prompt-side tokens the normalized case may drop (template suffixes)
 MAX_SAMPLED_DROP = 16  # u: sampled tokens the normalized case may drop (whitespace the harness normalised)
 
-Case = Literal["strict", "normalized", "retokenized", "split"]
-CASES: tuple[Case, ...] = ("strict", "normalized", "retokenized", "split")
+Case = Literal["strict", "normalized", "retokenized", "split", "version"]
+CASES: tuple[Case, ...] = ("strict", "normalized", "retokenized", "split", "version")
 
 
 class TitoError(ValueError):
@@ -82,11 +82,12 @@ class LossSpan:
 
 @dataclass(frozen=True)
 class TrajectoryChunk:
-    """One training sequence of a trial. A trial is one chunk unless a boundary had to ``split``.
+    """One training sequence of a trial. A trial is one chunk unless a boundary had to ``split``, or the policy
+    version changed between two turns that recorded routing (``version``: see ``assembly.assemble``).
 
     ``boundary_cases`` lists, in order, the case of the boundary leading into each of the chunk's turns but
     the trial's first: chunk 0 has ``len(turns) - 1`` entries, a later chunk ``len(turns)``, the first being
-    the ``"split"`` that opened it. Across a trial's chunks every boundary is recorded exactly once.
+    the ``"split"`` or ``"version"`` boundary that opened it. Across a trial's chunks every boundary is recorded exactly once.
     ``routing`` has ``len(token_ids) - 1`` rows; ``routing_recorded[j]`` is False for the few rows no sampler
     turn ever computed (see ``_align_routing``).
     """

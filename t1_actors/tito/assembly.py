@@ -10,7 +10,7 @@ import numpy as np
 from schemas import TrajectoryAssembled
 from t1_actors.tito._records import LossSpan, Repair, TitoDriftError, TitoError, TrajectoryChunk, Turn, TurnLike
 from t1_actors.tito.drift import loss_region_drift
-from t1_actors.tito.repairs import REPAIRS, Case, repair_boundary
+from t1_actors.tito.repairs import REPAIRS, Case, repair_boundary, version_split
 
 
 def assemble(turns: Sequence[TurnLike], tokenizer: Any, *, reward: float,
@@ -21,6 +21,9 @@ def assemble(turns: Sequence[TurnLike], tokenizer: Any, *, reward: float,
     and policy version (``Turn`` or ``schemas.SamplerTurn``). ``tokenizer`` is what ``policy.load_tokenizer``
     returns, an HF ``tokenizers.Tokenizer`` or a transformers fast tokenizer (anything with a
     ``backend_tokenizer``); it is used only for the retokenized case. Every chunk carries ``reward``.
+
+    A boundary where the policy version changed between two turns that recorded routing opens a new chunk
+    (case ``version``, ``repairs.version_split``): R3 then replays every loss token with its own forward's routing.
 
     ``repairs``: the cases tried between strict and split. With none (``()``) every loss token is trained on
     exactly the context the sampler saw, so a PPO ratio against the sampler's logprobs is exact; a repaired
@@ -37,8 +40,11 @@ def assemble(turns: Sequence[TurnLike], tokenizer: Any, *, reward: float,
     groups: list[list[int]] = [[0]]
     repairs: list[list[Repair]] = [[]]
     for i in range(1, len(turns)):
-        repair = repair_boundary(turns[i - 1], turns[i].prompt_ids, tokenizer, allowed)
-        if repair.case == "split":
+        if _reprefilled_under_a_new_version(turns[i - 1], turns[i]):
+            repair = version_split()
+        else:
+            repair = repair_boundary(turns[i - 1], turns[i].prompt_ids, tokenizer, allowed)
+        if repair.case in ("split", "version"):
             groups.append([])
             repairs.append([])
         groups[-1].append(i)
@@ -143,6 +149,16 @@ def _align_routing(turns: list[TurnLike], positions: np.ndarray, spans: list[Los
     first = int(np.argmax(filled))
     routing[~filled] = routing[np.where(last >= 0, last, first)[~filled]]
     return routing, recorded
+
+
+def _reprefilled_under_a_new_version(prev: TurnLike, turn: TurnLike) -> bool:
+    """Did ``turn``'s forward run other weights than the ones that produced ``prev``'s routing rows? Only turns
+    that recorded routing need their own chunk: without a record the learner routes live and every row is its
+    own forward's anyway."""
+    if prev.routing is None or turn.routing is None:
+        return False
+    last = int(prev.token_versions[-1]) if prev.token_versions is not None and len(prev.token_versions) else prev.policy_version
+    return turn.policy_version != last
 
 
 def _checked(turn: TurnLike, i: int) -> TurnLike:

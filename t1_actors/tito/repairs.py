@@ -88,6 +88,15 @@ def split() -> Repair:
     return Repair("split")
 
 
+def version_split() -> Repair:
+    """The policy version changed between two turns that recorded routing: the next turn's prompt was prefilled
+    under the new weights and routed differently from the rows the stream holds for the same positions. One
+    routing row per position cannot serve both forwards, so the next turn starts a new chunk whose stream is
+    p_{i+1} ++ a_{i+1} with p_{i+1}'s own routing: every loss token is replayed with the routing of the forward
+    that produced it (R3 exact across versions), at the cost of training the prefix once more."""
+    return Repair("version")
+
+
 REPAIRS: tuple[Case, ...] = ("normalized", "retokenized")
 
 

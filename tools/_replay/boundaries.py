@@ -31,7 +31,7 @@ import numpy as np
 
 from t1_actors import tito
 
-CASES = ("strict", "normalized", "retokenized", "split")
+CASES = ("strict", "normalized", "retokenized", "split", "version")
 
 
 def changed_tokens(prompt: np.ndarray, sampled: np.ndarray, next_prompt: np.ndarray) -> tuple[int, int]:

@@ -115,6 +115,8 @@ class DriftReport:
     skipped: Counter = field(default_factory=Counter)
     versions: set = field(default_factory=set)
     by_case: dict[str, GapStats] = field(default_factory=dict)
+    # (trials whose loss tokens span one policy version or several, mode) -> gap: R3 must be exact across versions
+    by_versions: dict[tuple[str, str], GapStats] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         share = lambda a, b: a / b if b else None  # noqa: E731
@@ -133,6 +135,10 @@ class DriftReport:
             "routing_mismatch": {"per_layer": per_layer,
                                  "mean": float(np.mean(per_layer)) if per_layer else None},
             "gap_r3_tito_by_case": {case: g.mean for case, g in sorted(self.by_case.items())},
+            "gap_by_versions": {span: {mode: g.mean for (s, mode), g in sorted(self.by_versions.items()) if s == span}
+                                for span in sorted({s for s, _ in self.by_versions})},
+            "loss_tokens_by_versions": {span: g.count for (span, mode), g in sorted(self.by_versions.items())
+                                        if mode == "tito"},
             "versions": sorted(self.versions),
             "skipped": dict(self.skipped),
         })
@@ -151,7 +157,7 @@ def loss_runs(loss_mask: np.ndarray) -> list[tuple[int, int]]:
     return runs
 
 
-CASE_ORDER = ("single_turn", "strict", "normalized", "retokenized", "split")
+CASE_ORDER = ("single_turn", "strict", "version", "normalized", "retokenized", "split")
 
 
 def worst_case(traj: TrajectoryAssembled) -> str:
@@ -203,8 +209,11 @@ def check_loss_region(report: DriftReport, chunks: list[TrajectoryAssembled], tu
         report.logprob_record_mismatch += 1
 
 
-def measure(report: DriftReport, traj: TrajectoryAssembled, *, models, temperature: float, tokenizer) -> None:
-    """Add one trajectory chunk to ``report``. ``models(version)`` returns the policy of a version."""
+def measure(report: DriftReport, traj: TrajectoryAssembled, *, models, temperature: float, tokenizer,
+            trial_spans_versions: bool = False) -> None:
+    """Add one trajectory chunk to ``report``. ``models(version)`` returns the policy of a version;
+    ``trial_spans_versions``: the chunk's trial has loss tokens of several policy versions (its gaps are also
+    reported apart: ``gap_by_versions``)."""
     ids = np.asarray(traj.token_ids)
     mask = np.asarray(traj.loss_mask).astype(bool)
     q = np.asarray(traj.sampler_logprobs, dtype=np.float64)
@@ -240,9 +249,12 @@ def measure(report: DriftReport, traj: TrajectoryAssembled, *, models, temperatu
             replayed, _ = token_logprobs(model, ids, routing_replay=record, temperature=temperature)
             sampled_lp[v]["r3"] = replayed
             lp["r3_tito"][at] = replayed[at]
+    span = "multi_version" if trial_spans_versions else "single_version"
     report.gaps["tito"].add(lp["tito"][loss] - q[loss])
+    report.by_versions.setdefault((span, "tito"), GapStats()).add(lp["tito"][loss] - q[loss])
     if record is not None:
         report.gaps["r3_tito"].add(lp["r3_tito"][loss] - q[loss])
+        report.by_versions.setdefault((span, "r3_tito"), GapStats()).add(lp["r3_tito"][loss] - q[loss])
         report.by_case.setdefault(worst_case(traj), GapStats()).add(lp["r3_tito"][loss] - q[loss])
         mism = routing_mismatch(live_rows, record)
         report.mismatch_sum = mism if report.mismatch_sum is None else report.mismatch_sum + mism
@@ -334,13 +346,16 @@ def drift_of_run(view, *, limit: int | None = None, tokenizer=None, trial: str |
     for traj in chunks:
         every_trial.setdefault(traj.trial_id, []).append(traj)
     boundaries = boundary_report(every_trial, turns_by_trial, tokenizer)  # all trials: no model needed
+    versions_of_trial = {tid: {int(v) for c in cs for v in np.asarray(c.token_versions)[np.asarray(c.loss_mask) > 0]}
+                         for tid, cs in every_trial.items()}
     if limit is not None:
         chunks = chunks[:limit]
     for traj in chunks:
         turns = turns_by_trial.get(traj.trial_id, [])
         temperature = turns[0].temperature if turns else 1.0
         try:
-            measure(report, traj, models=view.model, temperature=temperature, tokenizer=tokenizer)
+            measure(report, traj, models=view.model, temperature=temperature, tokenizer=tokenizer,
+                    trial_spans_versions=len(versions_of_trial[traj.trial_id]) > 1)
         except RunError as exc:  # e.g. a version's weights were not kept: measure the others
             report.skipped[str(exc)] += 1
     by_trial: dict[str, list[TrajectoryAssembled]] = {}
