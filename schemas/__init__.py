@@ -4,6 +4,7 @@ from schemas.base import Array, ArraySpec, Record, RoutingArray, SchemaError, ro
 from schemas.codec import decode, encode, pack, unpack
 from schemas.events import (
     ActorLifecycle,
+    ContextEdited,
     CriticValues,
     CriticWarmup,
     EvalResult,

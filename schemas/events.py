@@ -125,15 +125,35 @@ class VerifierResult(Event):
 class TrialEnded(Event):
     """How a trial's agent loop ended, before its verification: ``answered``, ``max_turns``, ``context``,
     ``timeout`` (the task's agent timeout), ``cancelled``, ``sampler_error`` or ``infra_error`` (the sandbox
-    could not be built or failed: never the agent's fault); its assistant turns and wall time."""
+    could not be built or failed: never the agent's fault), ``token_budget`` (its total of generated tokens was
+    spent); its assistant turns, generated tokens and wall time, and every cut counted (nothing is cut silently)."""
 
     kind = "trial_ended"
+    schema_version = 2  # 2 adds truncations, context_edits, tokens
     trial_id: str
     finish: str
     turns: int = Field(0, ge=0)
     duration_s: float = Field(0.0, ge=0)
     infra_error: str | None = None
     unhonoured: list[str] = []  # the task's environment steps its sandbox could not honour (Dockerfile replay)
+    truncations: dict[str, int] = {}  # what was cut, counted: tool_output (an output over the limit), turn_tokens
+    context_edits: int = Field(0, ge=0)  # ContextEdited events of the trial (the prompt edited to fit)
+    tokens: int = Field(0, ge=0)  # tokens the trial's turns generated
+
+
+@register
+class ContextEdited(Event):
+    """Before turn ``turn`` the trial's prompt would not fit the context, and ``strategy`` edited its chat
+    (``t1_actors.rollout.context``): ``tokens_before`` -> ``tokens_after`` prompt tokens, ``messages_edited``
+    tool outputs replaced (drop_old_outputs) or messages removed (window). The edited prompt opens a new TITO chunk."""
+
+    kind = "context_edited"
+    trial_id: str
+    turn: int = Field(ge=0)
+    strategy: str
+    tokens_before: int = Field(ge=0)
+    tokens_after: int = Field(ge=0)
+    messages_edited: int = Field(ge=0)
 
 
 @register

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import trio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from t1_actors.eval.protocol import EvalConfig, evaluate_policy
 from t1_actors.rollout import RolloutLimits
@@ -56,7 +56,14 @@ class CampaignConfig(BaseModel):
     max_turns: int = Field(4, gt=0)
     max_new_tokens: int = Field(64, gt=0)
     max_context: int = Field(768, gt=32)
-    tool_output_chars: int = Field(240, gt=0)
+    tool_output_chars: int = Field(240, gt=0, description="a longer tool output is cut (counted: truncations)")
+    max_total_new_tokens: int | None = Field(None, gt=0, description="a trial's total of generated tokens, checked "
+                                             "between turns (finish = token_budget); None: no total")
+    context_strategy: Literal["end", "drop_old_outputs", "window"] = Field(
+        "end", description="when the next prompt would not fit max_context: end the trial, replace tool outputs "
+                           "older than keep_last_turns by a marker, or keep the instruction and the last turns that "
+                           "fit (each edit logged, and a new TITO chunk of the trial)")
+    keep_last_turns: int = Field(2, ge=1, description="drop_old_outputs keeps the outputs of this many last turns")
     actor_ready_timeout_s: float = Field(120.0, gt=0)
     finish_timeout_s: float = Field(600.0, gt=0)  # after rl_seconds: last steps and the final eval
     warm_start_from: str | None = Field(None, description="a previous run's directory: reuse its tokenizer and "
@@ -67,7 +74,16 @@ class CampaignConfig(BaseModel):
 
     def rollout_limits(self) -> RolloutLimits:
         return RolloutLimits(max_turns=self.max_turns, max_new_tokens=self.max_new_tokens,
-                             max_context=self.max_context, tool_output_chars=self.tool_output_chars)
+                             max_context=self.max_context, tool_output_chars=self.tool_output_chars,
+                             max_total_new_tokens=self.max_total_new_tokens, context_strategy=self.context_strategy,
+                             keep_last_turns=self.keep_last_turns)
+
+    @model_validator(mode="after")
+    def _a_turn_fits_the_context(self) -> CampaignConfig:
+        if self.max_new_tokens >= self.max_context:
+            raise ValueError(f"[campaign] max_new_tokens = {self.max_new_tokens} leaves no room for a prompt in "
+                             f"max_context = {self.max_context}; raise max_context or lower max_new_tokens")
+        return self
 
 
 def warmup_task_ids(rl_ids: list[str], n: int, seed: int) -> list[str]:

@@ -14,6 +14,7 @@ from t1_actors.eval.skills import EvalPasses, scored, skill_report
 from t1_actors.job.local_sglang import sampler_engine
 from t1_actors.job.sft import sft_passes_log
 from t1_actors.rollout.admission import StalenessConfig
+from t1_actors.rollout.endings import ENDING_KINDS, trial_endings
 from t1_actors.schedule import CampaignConfig
 from t1_actors.stats import eval_outcomes, first_attempts, paired_change
 from t1_actors.train.ppo import PPOConfig
@@ -87,7 +88,12 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
                                                   "report": report, "eval_change": eval_change(log, sft_log, passes), "code": code,
                                                   "sft_passes_from": config.section(CampaignConfig).warm_start_from
                                                   if sft_log is not None else None,
-                                                  "sampler_engine": sampler_engine(log), **skill})
+                                                  "sampler_engine": sampler_engine(log), **skill,
+                                                  **trial_endings(log.events(kinds=ENDING_KINDS))})
+    for key in ("finishes", "truncations", "context_edits"):  # nothing is cut or edited silently
+        counted = "; ".join(f"{split} " + ", ".join(f"{reason} {n}" for reason, n in by_reason.items())
+                            for split, by_reason in summary[key].items() if by_reason)
+        console.log(f"{key.replace('_', ' ')}: {counted or 'none'}")
     before, after, change = summary["eval_before"], summary["eval_after"], summary["eval_change"]
     if before and after:
         console.log(f"[bold]eval resolved: {before['resolved_rate']:.1%} -> {after['resolved_rate']:.1%} "

@@ -14,6 +14,7 @@ policy, the sampler actor over pynng, or an SGLang server.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ import numpy as np
 
 from t1_actors.policy.chat_template import parse_tool_calls, render_chat
 from t1_actors.policy.sampling import Generation
+from t1_actors.rollout.context import ContextEdit, Strategy, fit_context
 
 Render = Callable[..., str]  # (messages, add_generation_prompt=...) -> text, e.g. ChatTokenizer.apply_chat_template
 
@@ -45,10 +47,18 @@ class ExecPort(Protocol):
 
 @dataclass(frozen=True)
 class RolloutLimits:
+    """A trial's budgets. ``max_new_tokens`` per turn; ``max_total_new_tokens`` over the trial (checked between
+    turns: None, no total); ``max_context`` bounds prompt + a turn's new tokens, kept by ``context_strategy``
+    (``rollout.context``); tool outputs longer than ``tool_output_chars`` are cut. Every finish, cut and edit
+    is counted on the rollout (``finish``, ``truncations``, ``context_edits``) and logged with the trial."""
+
     max_turns: int = 4
     max_new_tokens: int = 64
     max_context: int = 768
     tool_output_chars: int = 240
+    max_total_new_tokens: int | None = None
+    context_strategy: Strategy = "end"
+    keep_last_turns: int = 2
 
 
 @dataclass
@@ -88,9 +98,12 @@ class TrialRollout:
 
     turns: list[TurnRecord] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
-    finish: str = "answered"  # answered | max_turns | context | cancelled | sampler_error | infra_error
+    # answered | max_turns | context | token_budget | cancelled | sampler_error | infra_error
+    finish: str = "answered"
     infra_error: str | None = None
     started: float = field(default_factory=time.monotonic)  # a continuation keeps its original's start
+    truncations: Counter[str] = field(default_factory=Counter)  # tool_output | turn_tokens -> cuts
+    context_edits: list[ContextEdit] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -147,12 +160,22 @@ async def run_trial(
     if rollout.turns and rollout.messages[-1]["role"] == "assistant" and rollout.turns[-1].commands:
         if not await _run_commands(rollout, rollout.turns[-1].commands, len(rollout.turns) - 1, execute, limits):
             return rollout
+    def prompt_of(messages: list[dict[str, Any]]) -> np.ndarray:
+        return np.asarray(encode(render(messages, add_generation_prompt=True)), dtype=np.int32)
+
     for turn in range(len(rollout.turns), limits.max_turns):
-        prompt_text = render(rollout.messages, add_generation_prompt=True)
-        prompt_ids = np.asarray(encode(prompt_text), dtype=np.int32)
-        if len(prompt_ids) + limits.max_new_tokens > limits.max_context:
+        if limits.max_total_new_tokens is not None and rollout.tokens >= limits.max_total_new_tokens:
+            rollout.finish = "token_budget"
+            return rollout
+        fitted = fit_context(rollout.messages, prompt_of, budget=limits.max_context - limits.max_new_tokens,
+                             strategy=limits.context_strategy, keep_last_turns=limits.keep_last_turns, turn=turn)
+        if fitted is None:
             rollout.finish = "context"
             return rollout
+        messages, prompt_ids, edit = fitted
+        if edit is not None:
+            rollout.messages[:] = messages
+            rollout.context_edits.append(edit)
         generation = await sample(prompt_ids, turn)
         if generation.finish_reason in ("cancelled", "error"):
             rollout.finish = "cancelled" if generation.finish_reason == "cancelled" else "sampler_error"
@@ -166,6 +189,8 @@ async def run_trial(
             message = {"role": "assistant", "content": text}
         commands = [c.get("arguments", {}).get("command", "") for c in message.get("tool_calls", [])]
         commands = [c for c in commands if isinstance(c, str) and c.strip()]
+        if generation.finish_reason == "length":  # cut at max_new_tokens: counted, never silent
+            rollout.truncations["turn_tokens"] += 1
         rollout.turns.append(TurnRecord(prompt_ids, generation, text, commands))
         rollout.messages.append(message)
         if not commands or generation.finish_reason != "stop":
@@ -186,5 +211,7 @@ async def _run_commands(rollout: TrialRollout, commands: list[str], turn: int, e
             return False
         outputs.append(outcome.output)
     for output in outputs:  # appended together, so a cancelled turn never leaves half its outputs behind
+        if len(output) > limits.tool_output_chars:
+            rollout.truncations["tool_output"] += 1
         rollout.messages.append({"role": "tool", "content": truncate_output(output, limits.tool_output_chars)})
     return True

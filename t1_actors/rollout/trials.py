@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import trio
 
-from schemas import EvalResult, StalenessDecision, TrialEnded, TrialIssued, VerifierResult
+from schemas import ContextEdited, EvalResult, StalenessDecision, TrialEnded, TrialIssued, VerifierResult
 from t1_actors import tito
 from t1_actors.policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
 from t1_actors.rollout.admission import LengthBias, StalenessConfig, admit, policy_lag
@@ -119,9 +119,13 @@ class TrialRunner:
         """Verify the final workspace, then (for training) assemble the TITO trajectory."""
         task = self.tasks[task_id]
         result = None
-        await self.ports.log(TrialEnded(trial_id=trial_id, finish=rollout.finish, turns=len(rollout.turns),
-                                        infra_error=rollout.infra_error,
-                                        duration_s=time.monotonic() - rollout.started))
+        edits = [ContextEdited(trial_id=trial_id, turn=e.turn, strategy=e.strategy, tokens_before=e.tokens_before,
+                               tokens_after=e.tokens_after, messages_edited=e.messages_edited)
+                 for e in rollout.context_edits]
+        await self.ports.log(*edits, TrialEnded(trial_id=trial_id, finish=rollout.finish, turns=len(rollout.turns),
+                                                infra_error=rollout.infra_error, truncations=dict(rollout.truncations),
+                                                context_edits=len(edits), tokens=rollout.tokens,
+                                                duration_s=time.monotonic() - rollout.started))
         if rollout.infra_error is None and rollout.turns:
             result = await self.ports.verify(sandbox_id or trial_id, task_id)
         outcome = TrialOutcome(trial_id, task_id, task.family or "", rollout, result)
