@@ -21,7 +21,7 @@ second; goal >= 0.9), ``cpu_s`` of each side's process tree over its RL window (
 campaign: bench/lib/cpu.py) and ``cpu_s_per_trajectory``, and where the campaign's RL wall time went, from
 its log's own timestamps:
 ``time_shares`` (exclusive, summing to 1 with ``waiting``) and ``busy_shares`` (each part's own; see
-tools/time_shares.py).
+tools/_report/time_shares.py).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ class StorageConfig(BaseModel):
 
     url: str | None = Field(None, description="the log's root on an object store, s3://BUCKET/PREFIX (credentials "
                             "and endpoint from the standard AWS variables, AWS_ENDPOINT_URL included); None: the "
-                            "run directory's log/. The run directory keeps everything else (t1_actors/job/layout.py)")
+                            "run directory's log/. The run directory keeps everything else (t1_actors/layout.py)")
     routing_chunk_bytes: int = Field(1 << 20, ge=1024, description="bytes per chunk of the routing array")
     vector_chunk_bytes: int = Field(1 << 17, ge=1024, description="bytes per chunk of ids, masks, logprobs, ...")
     header_chunk_bytes: int = Field(1 << 16, ge=1024, description="bytes per chunk of the msgpack header array")

@@ -1,6 +1,6 @@
 """The staleness controller actor: issues trials, admits or drops them by policy lag, cuts the tail.
 
-It plays the campaign's schedule (``job.schedule``: SFT eval, warm-up and the critic's warm-up,
+It plays the campaign's schedule (``t1_actors.schedule``: SFT eval, warm-up and the critic's warm-up,
 asynchronous PPO, RL eval; each phase skipped on restart when the log shows it done; the trials a killed
 predecessor left open are closed with their reason first: ``rollout.recovery``). Trials reach the
 sampler, sandbox and verifier actors through ``ActorPorts``; the orchestration itself is

@@ -1,6 +1,6 @@
 """The campaign end to end on Qwen3's real tokenizer and chat template: `t1-actor launch --config
 configs/qwen3-micro.toml --quick` samples, trains and replays a tiny Qwen3-MoE policy whose vocabulary is the
-tokenizer's 151,669 ids, SFT'd first on oracle chats with <think> blocks (t1_actors/chat_sft.py), so that its
+tokenizer's 151,669 ids, SFT'd first on oracle chats with <think> blocks (t1_actors/warmstart/chats.py), so that its
 trajectories are multi-turn; then `t1-replay drift RUN --tokenizer DIR` reads the log back.
 
 Checked: >= 20 multi-turn trajectories with a reasoning block in every turn the template re-renders were assembled (the repair-case shares

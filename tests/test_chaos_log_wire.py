@@ -14,7 +14,10 @@ import pytest
 from storage import DiskFull, EventLog
 from tools.chaos import main as chaos_main
 from tools.chaos._events import EVENT_KINDS, ROUTING, event_for
-from tools.chaos._log_faults import LAYOUTS, STAGES, _Tail, bit_flips, crash_sweep, full_disk
+from tools.chaos._log_bitflips import bit_flips
+from tools.chaos._log_crashes import STAGES, _Tail, crash_sweep
+from tools.chaos._log_disk import full_disk
+from tools.chaos._log_layouts import LAYOUTS
 
 
 def test_every_event_kind_is_generated_deterministically_and_reads_back_bit_exact(tmp_path):

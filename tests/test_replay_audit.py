@@ -100,7 +100,7 @@ def test_every_zero_count_is_reported(events):
 
 
 def test_the_chaos_reports_audit_mutations_are_each_caught_on_a_real_shaped_log(events, tmp_path):
-    """`t1-actor chaos` doctors its campaign's own log ten ways (t1_actors/chaos/_audit_mutations.py); on this
+    """`t1-actor chaos` doctors its campaign's own log ten ways (tools/chaos/_audit_mutations.py); on this
     log every mutation has its target, and each one fails the audit by the count it names."""
     from tools.chaos._audit_mutations import MUTATIONS, audit_mutations
 

@@ -183,7 +183,7 @@ def test_the_shipped_configs_pass_check(capsys, quick):
      ("actor_params", "backend")),
 ])
 def test_every_entry_point_refuses_what_launch_refuses(tmp_path, capsys, body, keys):
-    """The rules across sections (job.rules) run on every load: launch, check and each actor's own
+    """The rules across sections (RunConfig's validators) run on every load: launch, check and each actor's own
     process (t1-actor ROLE --config ...) refuse the same config, naming both keys."""
     path = tmp_path / "run.toml"
     path.write_text('[run]\nid = "x"\ndir = "' + str(tmp_path / "run") + '"\n[[actors]]\nname = "learner-0"\n'

@@ -20,7 +20,7 @@ from t1_actors.job.config import load_config
 from t1_actors.runtime import DeadlineExceeded, connect
 from t1_actors.runtime.auth import REQUEST, Sealer
 from t1_actors.runtime.wire import pack_envelope
-from tools.chaos._wire_faults import forged_frames  # shared with `t1-actor chaos` (its wire section)
+from tools.chaos._wire_frames import forged_frames  # shared with `t1-actor chaos` (its wire section)
 
 KEY = "fuzz-key-0123456789abcdef"
 TESTS = Path(__file__).resolve().parent

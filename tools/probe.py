@@ -24,7 +24,7 @@ step (before any update) must reproduce the sampler's logprobs: a mean |logprob 
 flagged, exit 1 (something between sampling and training disagrees: TITO contexts, routing replay,
 temperature). Unlike approx KL, the gap is taken before the step's first update, so it holds for any
 ``epochs`` / ``minibatches``. This probe found the TITO
-repair flaw, the memorised-task effect and the norm-gain recipe (docs/campaign-history.md).
+repair flaw, the memorised-task effect and the norm-gain recipe (docs/history.md, "Earlier rounds").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Megatron-core learner backend: the same PPO step (``_ppo_step`` + ``t1_actors.train.ppo``) on a megatron-core
+"""Megatron-core learner backend: the same PPO step (``t1_actors.train.step`` + ``t1_actors.train.ppo``) on a megatron-core
 ``GPTModel`` with MoE, R3 through megatron's own ``RouterReplay``.
 
     learner = MegatronLearner(model_config, PPOConfig())           # tiny model: CPU works too

@@ -14,7 +14,7 @@ policies, temperatures and passes):
 
 Each pass is one ``EvalResult`` in the log, its trials labelled with it (``TrialIssued.label``); a pass
 already in the log is not run again (a restarted staleness controller resumes the protocol). The
-statistics of the comparison live in ``eval_stats``.
+statistics of the comparison live in ``t1_actors.stats``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What summary.json says about skill versus sharpening, folded from the log's eval passes (``evaluation``).
+"""What summary.json says about skill versus sharpening, folded from the log's eval passes (``t1_actors.eval.protocol``).
 
 Keys, beside today's ``eval_before`` / ``eval_after`` / ``eval_change``:
 ``eval_sft_best`` / ``eval_rl_best`` (the eval shape plus ``temperature``), ``eval_change_vs_sft_best``

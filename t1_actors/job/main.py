@@ -74,7 +74,7 @@ def stamp() -> str:
 
 def load_campaign_config(path: str | Path, *, quick: bool = False, run_dir: str | Path | None = None):
     """Read the run's TOML, apply the ``[quick.*]`` overrides with ``--quick`` and ``--run-dir``, validate
-    (every section and every rule across them: ``job.rules``)."""
+    (every section and every rule across them: the validators of ``t1_actors.job.config.RunConfig``)."""
     return load_config(path, quick=quick, run_dir=run_dir)
 
 

@@ -1,6 +1,6 @@
 """Real engines wired in one process: the torch sampler, the local sandbox and the verifier, no transport.
 
-``TrialPorts`` (t1_actors.trials) for the synchronous probe (``t1-probe``) and the tests of the trial
+``TrialPorts`` (t1_actors.rollout.trials) for the synchronous probe (``t1-probe``) and the tests of the trial
 orchestration; the actors wire the same ports over pynng. Events are kept in ``events``, not logged.
 """
 

@@ -3,7 +3,7 @@
 ``TrialRunner`` drives one trial from issue to decision through ``TrialPorts`` (the sampler, sandbox
 and verifier, whatever process they live in) and appends every fact to the log. ``run_batches``,
 ``run_eval`` and ``run_warmup`` are the three schedules the staleness controller runs; the admission
-rules themselves live in ``t1_actors.admission``.
+rules themselves live in ``t1_actors.rollout.admission``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def eval_seed(task_id: str, turn: int, sample: int = 0) -> int:
 
     Every eval of a run (before and after RL, each temperature, each policy) then draws the same uniforms
     for a task's ``sample``-th attempt, so a task that flips between two evals flipped because the policy
-    or the temperature changed, not because the draw did: the paired test (``eval_stats``) sees the
+    or the temperature changed, not because the draw did: the paired test (``t1_actors.stats``) sees the
     change's effect instead of two independent samples' noise. pass@k takes samples 0..n-1.
     """
     key = f"{task_id}/{turn}" if sample == 0 else f"{task_id}/{turn}/{sample}"

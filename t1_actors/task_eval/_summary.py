@@ -144,7 +144,7 @@ def _first_line(text: str | None, width: int = 200) -> str:
 
 def compare(rows_a: dict, rows_b: dict) -> dict[str, Any]:
     """Two evals paired by (task, attempt), infrastructure failures left out on either side: tasks
-    flipped each way, the exact McNemar p and the reward change with its CI (``eval_stats.paired_change``)."""
+    flipped each way, the exact McNemar p and the reward change with its CI (``t1_actors.stats.paired_change``)."""
     def outcomes(rows: dict) -> dict[str, Outcome]:
         return {f"{task}#{attempt}": Outcome(row["resolved"], row["reward"]) for (task, attempt), row in rows.items()
                 if row["failure_class"] != "infrastructure"}

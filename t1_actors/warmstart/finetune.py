@@ -89,7 +89,7 @@ def execute_oracle_pool(tasks: list, execute_oracle: Callable[[Any], list[str] |
     """Run every task's oracle in its sandbox (``workers`` at a time) and render the SFT examples.
 
     ``examples_of(task, outputs)``: the examples of one executed oracle (None: ``sft_example`` of
-    ``oracle_messages`` on t1's own template; ``chat_sft`` builds them for an HF template).
+    ``oracle_messages`` on t1's own template; ``t1_actors.warmstart.chats`` builds them for an HF template).
 
     Done before training rather than beside it: on 2 cores a producer thread halved SFT's throughput
     (2.4k vs 5.3k tok/s measured), and the whole pool of the tiny run takes ~3 min with both cores.

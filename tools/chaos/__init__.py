@@ -116,7 +116,7 @@ def chaos_config(config: Path, out: Path, *, restart_limit: int) -> Path:
         if "quick" in data:
             data["quick"].setdefault(section, {}).update(values)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# {config} with t1-actor chaos's overrides (t1_actors/chaos.py CHAOS_OVERRIDES)\n"
+    out.write_text(f"# {config} with t1-actor chaos's overrides (tools/chaos/__init__.py CHAOS_OVERRIDES)\n"
                    + tomli_w.dumps(data))
     return out
 

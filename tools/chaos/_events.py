@@ -53,7 +53,7 @@ def _scalar(annotation, metadata, rng: random.Random):
         return "".join(rng.choice("abcdef-é0") for _ in range(rng.randint(1, 24)))
     if annotation is bytes:
         return rng.randbytes(rng.randint(0, 20))
-    raise TypeError(f"no generic value for a field of type {annotation!r}; extend t1_actors/chaos/_events.py")
+    raise TypeError(f"no generic value for a field of type {annotation!r}; extend tools/chaos/_events.py")
 
 
 def _lengths(kind: str, rng: random.Random, names) -> dict[str, int]:

@@ -15,6 +15,9 @@ control does not reach its goal proves nothing: it is not counted in ``sandbox_e
 reported under ``not_tested`` with the reason. Resource cases are bounded so that the unconfined control
 is safe on a shared machine: the fork bomb doubles up to 4x the sandbox's process cap, the memory hog asks
 for 4x the memory cap, the disk filler writes 4x its cap (never the whole disk).
+
+The cases and the attacker's budgets are in ``_hostile_cases``, the host's listeners and secrets they aim
+at in ``_hostile_targets``; this module runs each case in the sandbox and unconfined and writes the report.
 """
 
 from __future__ import annotations
@@ -25,27 +28,24 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from t1_actors.runtime.config import RUN_KEY_ENV
-
-GOAL = "GOAL" + "_REACHED"  # what a command prints when its own check succeeded
-SAY_GOAL = 'echo GOAL""_REACHED'  # ...spelled so that the command's text never contains GOAL
-
-# The attacker's budgets: small, so the resource cases stay cheap, and their controls safe.
-PIDS_MAX = 64
-MEMORY_MB = 64
-FILE_SIZE_MB = 8
-DISK_MB = 2 * FILE_SIZE_MB  # the attacker's disk (the sandbox's own default is 4096 MB: the mechanism is the same)
-MAX_OUTPUT = 64 << 10
-COMMAND_TIMEOUT_S = 10.0
-SPIN_TIMEOUT_S = 2.0
-FLOOD_BYTES = 1_000_000_000
+from tools.chaos._hostile_cases import (
+    CASES,
+    COMMAND_TIMEOUT_S,
+    DISK_MB,
+    FILE_SIZE_MB,
+    MAX_OUTPUT,
+    MEMORY_MB,
+    PIDS_MAX,
+    Case,
+    cleanup_written,
+)
+from tools.chaos._hostile_targets import Listener, OutsideHost, Targets, reset_counts
 
 
 @dataclass
@@ -74,270 +74,6 @@ class CaseReport:
     evidence: bool = False  # the control reached the goal: the case can fail
     outcome: str = ""  # in words: killed by, truncated, refused, ...
 
-
-@dataclass
-class _Case:
-    name: str
-    goal: str
-    command: Callable[[_Targets], str]  # $W is a scratch directory, in the trial or on the host
-    reached: Callable[[_Targets, str, Any], bool]  # (targets, stdout, raw result) -> the goal was reached
-    timeout_s: float = COMMAND_TIMEOUT_S
-    # a host step on the trial after the command (symlink cases): (targets, trial, verify) -> (text, held), where
-    # held is False when the step itself broke (the verifier failed on the planted trial: not contained)
-    after_sandbox: Callable[[_Targets, Any, Callable], tuple[str, bool]] | None = None
-    naive: Callable[[_Targets, Any], str] | None = None  # the naive host step, the control of those cases
-
-
-class _Listener:
-    """Counts connections accepted on a socket (TCP on 127.0.0.1, or a unix socket)."""
-
-    def __init__(self, family: int, address):
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.bind(address)
-        self.sock.listen(64)
-        self.sock.settimeout(0.5)
-        self.address = self.sock.getsockname()
-        self.accepted = 0
-        self._stop = False
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop:
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self._stop = True
-        self.thread.join(timeout=2)
-        self.sock.close()
-
-
-class _OutsideHost:
-    """An 'outside' address: a listener in a network namespace of our own, at the far end of a veth pair
-    (10.253.N.2, the host's end 10.253.N.1). Reachable from the host's namespace, from nothing else."""
-
-    def __init__(self, directory: Path):
-        tag = os.getpid() % 100000
-        self.netns, self.leg = f"t1hostile{tag}", f"t1h{tag}"
-        subnet = tag % 250
-        self.address, self.port = f"10.253.{subnet}.2", 18123
-        self.log = directory / "outside-accepts"
-        self.log.write_text("")
-        self.proc = None
-        steps = [["ip", "netns", "add", self.netns],
-                 ["ip", "link", "add", self.leg + "h", "type", "veth", "peer", "name", self.leg + "n"],
-                 ["ip", "link", "set", self.leg + "n", "netns", self.netns],
-                 ["ip", "addr", "add", f"10.253.{subnet}.1/30", "dev", self.leg + "h"],
-                 ["ip", "link", "set", self.leg + "h", "up"],
-                 ["ip", "-n", self.netns, "addr", "add", f"{self.address}/30", "dev", self.leg + "n"],
-                 ["ip", "-n", self.netns, "link", "set", self.leg + "n", "up"],
-                 ["ip", "-n", self.netns, "link", "set", "lo", "up"]]
-        for step in steps:
-            done = subprocess.run(step, capture_output=True, text=True)
-            if done.returncode != 0:
-                self.close()
-                raise OSError(f"{' '.join(step)}: {done.stderr.strip()}")
-        server = (f"import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-                  f"s.bind(({self.address!r}, {self.port})); s.listen(16); print('up', flush=True)\n"
-                  f"while True:\n    c, _ = s.accept(); open({str(self.log)!r}, 'a').write('x'); c.close()\n")
-        self.proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{self.netns}", "--", sys.executable, "-c", server],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        if self.proc.stdout.readline().strip() != b"up":
-            self.close()
-            raise OSError("the listener in the outside namespace did not start")
-
-    @property
-    def accepted(self) -> int:
-        return len(self.log.read_text())
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        subprocess.run(["ip", "link", "del", self.leg + "h"], capture_output=True)
-        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
-
-
-@dataclass
-class _Targets:
-    """What the attacker aims at, set up on the host by the suite."""
-
-    host: Path  # a host scratch directory (the controls' $W live under it)
-    key: str  # the run's message key: in this process's environment, a host process's, a key file
-    key_file: Path
-    marker_token: str
-    marker_pid: int
-    pristine_file: Path
-    pristine_token: str
-    bystander_token: str
-    bystander_file: Path  # the bystander trial's secret, by its host path (in its upper layer)
-    trials_dir: Path
-    loopback: _Listener
-    unix_path: _Listener
-    unix_abstract: _Listener
-    outside: _OutsideHost | None
-    root_device: tuple[int, int]
-    counts: dict[str, int] = field(default_factory=dict)  # listener accepts before the current run
-
-
-def _py(code: str) -> str:
-    return "python3 -c " + _quote(code)
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\"'\"'") + "'"
-
-
-def _accepts(listener_of: Callable[[_Targets], Any]) -> Callable[[_Targets, str, Any], bool]:
-    def reached(t: _Targets, out: str, raw) -> bool:
-        listener = listener_of(t)
-        return listener.accepted > t.counts.get(id(listener), 0)
-    return reached
-
-
-def _token(token_of: Callable[[_Targets], str]) -> Callable[[_Targets, str, Any], bool]:
-    return lambda t, out, raw: token_of(t) in out
-
-
-def _said(t: _Targets, out: str, raw) -> bool:
-    return GOAL in out
-
-
-def _count_at_least(n: int) -> Callable[[_Targets, str, Any], bool]:
-    def reached(t: _Targets, out: str, raw) -> bool:
-        numbers = [int(w) for w in out.split() if w.isdigit()]
-        return bool(numbers) and numbers[-1] >= n
-    return reached
-
-
-def _connect(address: str, port: int | None = None, family: str = "AF_INET") -> str:
-    target = f"({address!r}, {port})" if port is not None else repr(address)
-    return _py(f"import socket; s = socket.socket(socket.{family}); s.settimeout(3); s.connect({target}); print('connected')")
-
-
-_ESCAPE_MARK = "t1-hostile-written"
-
-
-def _host_written(t: _Targets, out: str, raw) -> bool:
-    return any(Path(d, _ESCAPE_MARK).exists() for d in ("/var/tmp", str(t.host), str(t.trials_dir)))
-
-
-def _cleanup_written(t: _Targets) -> None:
-    for d in ("/var/tmp", str(t.host), str(t.trials_dir)):
-        Path(d, _ESCAPE_MARK).unlink(missing_ok=True)
-
-
-def _verify_planted(t: _Targets, trial, verify) -> tuple[str, bool]:
-    """The real verifier on the trial whose /tests is a symlink to a host directory: it must lay the pristine
-    tests in its own view and count the one test that passes."""
-    outcome = verify()
-    held = outcome.infra_error is None and outcome.passed == 1
-    return f"verified: passed {outcome.passed}/{outcome.total}, flags {outcome.tamper_flags}, " \
-           f"infra_error {outcome.infra_error}", held
-
-
-CASES: list[_Case] = [
-    _Case("network_outside", "connect to an address outside the machine's loopback (a listener in a netns of "
-          "our own, across a veth pair)",
-          lambda t: _connect(t.outside.address, t.outside.port), _accepts(lambda t: t.outside)),
-    _Case("network_host_loopback", "connect to a service on the host's 127.0.0.1",
-          lambda t: _connect("127.0.0.1", t.loopback.address[1]), _accepts(lambda t: t.loopback)),
-    _Case("network_host_unix_abstract", "connect to the host's abstract unix socket",
-          lambda t: _connect(t.unix_abstract.address.decode("latin-1"), family="AF_UNIX"),
-          _accepts(lambda t: t.unix_abstract)),
-    _Case("network_host_unix_path", "connect to a host unix socket in /var/tmp (a host directory the sandbox's "
-          "/var stacks on)",
-          lambda t: _connect(t.unix_path.address, family="AF_UNIX"), _accepts(lambda t: t.unix_path)),
-    _Case("write_outside_root", "create a file in the host's /var/tmp, a host scratch dir or the trials' dir",
-          lambda t: f"for d in /var/tmp {t.host} {t.trials_dir}; do echo pwned > $d/{_ESCAPE_MARK}; done; true",
-          _host_written),
-    _Case("read_key_environment", "read the run's message key from the command's own environment",
-          lambda t: "env; tr '\\0' '\\n' < /proc/self/environ", _token(lambda t: t.key)),
-    _Case("read_key_proc_environ", "read the key from /proc/<pid>/environ of a host process holding it",
-          lambda t: f"cat /proc/{t.marker_pid}/environ; for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; "
-                    f"done 2>/dev/null | grep {RUN_KEY_ENV}; true", _token(lambda t: t.key)),
-    _Case("read_key_file", "read the key from the run's config file on the host",
-          lambda t: f"cat {t.key_file} /proc/1/root{t.key_file}; grep -rs hmac_key /var/tmp /root /home /srv 2>&1 "
-                    f"| head -5; true", _token(lambda t: t.key)),
-    _Case("see_host_processes", "list a host process (its command line)",
-          lambda t: f"ps -eo args; cat /proc/{t.marker_pid}/cmdline; true", _token(lambda t: t.marker_token)),
-    _Case("see_other_trial", "read a file another trial wrote (its upper layer, by host path or glob)",
-          lambda t: f"cat /app/secret {t.bystander_file} {t.trials_dir}/*/upper/root/app/secret; true",
-          _token(lambda t: t.bystander_token)),
-    _Case("see_pristine_tests", "read the verifier's pristine copy of the task's tests",
-          lambda t: f"cat {t.pristine_file} /tests/{t.pristine_file.name} "
-                    f"{t.pristine_file.parent.parent}/*/{t.pristine_file.name}; true",
-          _token(lambda t: t.pristine_token)),
-    _Case("fork_bomb", f"hold {4 * PIDS_MAX} processes at once (a doubling fork tree; the cap is {PIDS_MAX})",
-          lambda t: "b() { if [ $1 -gt 0 ]; then b $(($1-1)) & b $(($1-1)) & wait; else echo x >> $W/bomb; "
-                    "sleep 2; fi; }; b 8; wc -l < $W/bomb",
-          _count_at_least(4 * PIDS_MAX), timeout_s=COMMAND_TIMEOUT_S),
-    _Case("memory_hog", f"allocate and touch {4 * MEMORY_MB} MB (the cap is {MEMORY_MB} MB)",
-          lambda t: _py(f"x = b'x' * ({4 * MEMORY_MB} << 20); print('GOAL' + '_REACHED', len(x))"), _said),
-    _Case("cpu_spin", f"spin 4 s of CPU past a {SPIN_TIMEOUT_S:g} s timeout and live to say so",
-          lambda t: _py("import time\nt = time.process_time()\nwhile time.process_time() - t < 4: pass\n"
-                        "print('GOAL' + '_REACHED')"), _said, timeout_s=SPIN_TIMEOUT_S),
-    _Case("output_flood", f"deliver 1 GB of output to the caller (the cap is {MAX_OUTPUT} bytes a stream)",
-          lambda t: f"head -c {FLOOD_BYTES} /dev/zero", lambda t, out, raw: raw > MAX_OUTPUT),
-    _Case("disk_fill", f"write {4 * FILE_SIZE_MB} MB across files (one file's cap is {FILE_SIZE_MB} MB, the "
-          f"trial's disk {DISK_MB} MB; no trial may fill the host's disk)",
-          lambda t: f"for i in $(seq 16); do head -c {FILE_SIZE_MB // 2}M /dev/zero > $W/fill$i || break; done; "
-                    "du -sm $W | cut -f1", _count_at_least(4 * FILE_SIZE_MB)),
-    _Case("mount", "mount a tmpfs",
-          lambda t: f"mkdir -p $W/m && mount -t tmpfs none $W/m && grep -q \" $W/m \" /proc/self/mountinfo && "
-                    f"{SAY_GOAL}; umount $W/m 2>/dev/null; true", _said),
-    _Case("mknod_host_disk", "make a block device node of the host's root disk (the step before reading it; "
-          "this machine's device cgroup refuses even its root the read itself)",
-          lambda t: f"mknod $W/disk b {t.root_device[0]} {t.root_device[1]} && [ -b $W/disk ] && {SAY_GOAL}; "
-                    "rm -f $W/disk; true", _said),
-    _Case("ptrace_host_process", "attach to a host process with ptrace",
-          lambda t: _py(f"import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-                        f"if libc.ptrace(0x4206, {t.marker_pid}, 0, 0) == 0: print('GOAL' + '_REACHED')\n"
-                        f"else: print(os.strerror(ctypes.get_errno()))"), _said),
-    _Case("unshare_mount_namespace", "make a mount namespace (CAP_SYS_ADMIN over the host's user namespace) "
-          "and mount in it",
-          lambda t: "mkdir -p $W/m && unshare -m sh -c 'mount -t tmpfs none $W/m && echo GOAL\"\"_REACHED'; true",
-          _said),
-    _Case("setuid_file_capabilities", "regain CAP_SYS_ADMIN by exec'ing a copy of python3 given it as a file "
-          "capability (and setuid root)",
-          lambda t: "cp /usr/bin/python3 $W/py && chmod u+s $W/py && setcap cap_sys_admin+ep $W/py; "
-                    + "$W/py -c " + _quote("caps = int(open('/proc/self/status').read().split('CapEff:')[1].split()[0], 16)\n"
-                                           "print('GOAL' + '_REACHED' if caps >> 21 & 1 else 'no CAP_SYS_ADMIN')"),
-          _said),
-    _Case("symlink_tests_dir", "make the verifier's laying of the pristine tests at /tests land in a host "
-          "directory (/tests planted as a symlink to it)",
-          lambda t: f"ln -s {t.host}/symlink-target /tests", lambda t, out, raw: any(Path(t.host, "symlink-target").iterdir()),
-          after_sandbox=_verify_planted,
-          naive=lambda t, trial: _naive_copy_tests(t, trial)),
-    _Case("symlink_read_out", "make the host's read of a trial file (/app/answer.txt) return a host file "
-          "(planted as a symlink to it)",
-          lambda t: f"mkdir -p /app && ln -sf {t.host}/host-secret /app/answer.txt",
-          _token(lambda t: t.marker_token),
-          after_sandbox=lambda t, trial, verify: (_read_via_sandbox(trial), True),
-          naive=lambda t, trial: (trial.root / "app/answer.txt").read_text()),
-]
-
-
-def _read_via_sandbox(trial) -> str:
-    try:
-        return trial.read_file("/app/answer.txt").decode("utf-8", "replace")
-    except OSError as exc:
-        return f"refused: {exc}"
-
-
-def _naive_copy_tests(t: _Targets, trial) -> str:
-    """A naive verifier laying the tests into the trial's root from the host (following the agent's links)."""
-    target = trial.root / "tests"
-    target.mkdir(exist_ok=True)  # exists: it is the agent's symlink, and mkdir follows nothing, copy follows it
-    shutil.copy(t.pristine_file, target / t.pristine_file.name)
-    return "copied"
 
 
 def _unconfined(command: str, workdir: Path, timeout_s: float) -> tuple[int, bytes, int, float]:
@@ -376,7 +112,7 @@ def _describe(result, seen: str) -> str:
         if message.lower() in seen.lower():
             return outcome
     if result.exit_code != 0:
-        return "refused (exit %d)" % result.exit_code
+        return f"refused (exit {result.exit_code})"
     return "ran; goal not reached"
 
 
@@ -412,18 +148,18 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
     os.environ[RUN_KEY_ENV] = key  # as the sandbox actor holds it
     marker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", marker_token],
                               env={**os.environ, RUN_KEY_ENV: key}, stdin=subprocess.DEVNULL)
-    listeners: list[_Listener] = []
+    listeners: list[Listener] = []
     not_tested: list[dict[str, str]] = []
     outside = None
     backend = None
     verifier = None
     reports: list[CaseReport] = []
     try:
-        listeners.append(_Listener(socket.AF_INET, ("127.0.0.1", 0)))
-        listeners.append(_Listener(socket.AF_UNIX, f"/var/tmp/t1-hostile-{token}.sock"))
-        listeners.append(_Listener(socket.AF_UNIX, f"\0t1-hostile-{token}".encode()))
+        listeners.append(Listener(socket.AF_INET, ("127.0.0.1", 0)))
+        listeners.append(Listener(socket.AF_UNIX, f"/var/tmp/t1-hostile-{token}.sock"))
+        listeners.append(Listener(socket.AF_UNIX, f"\0t1-hostile-{token}".encode()))
         try:
-            outside = _OutsideHost(host)
+            outside = OutsideHost(host)
         except (OSError, FileNotFoundError) as exc:
             not_tested.append({"key": "sandbox:network_outside",
                                "reason": f"no outside address could be made here (a netns and a veth pair): {exc}"})
@@ -434,7 +170,7 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
         bystander_token = f"bystander-{token}"
         bystander.write_file("/app/secret", bystander_token.encode())
         dev = os.stat("/").st_dev
-        targets = _Targets(host, key, key_file, marker_token, marker.pid, pristine_dir / "test_outputs.py",
+        targets = Targets(host, key, key_file, marker_token, marker.pid, pristine_dir / "test_outputs.py",
                            pristine_token, bystander_token, bystander.trial_root.upper.root() / "app" / "secret",
                            backend.trials_dir, listeners[0], listeners[1], listeners[2], outside,
                            (os.major(dev), os.minor(dev)))
@@ -481,7 +217,7 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
     }
 
 
-def _run_case(case: _Case, t: _Targets, backend, task, bystander, verifier, say) -> CaseReport:
+def _run_case(case: Case, t: Targets, backend, task, bystander, verifier, say) -> CaseReport:
     report = CaseReport(case.name, case.goal)
     command = case.command(t)
     # in the sandbox: a fresh trial per case, as the agent's tool call
@@ -503,7 +239,7 @@ def _run_case(case: _Case, t: _Targets, backend, task, bystander, verifier, say)
         report.attacker_serving = trial.exec("echo alive", timeout_s=10).stdout == "alive\n"
         report.outcome = _describe(result, seen) if not report.sandbox.goal_reached else "goal reached"
         if case.naive is not None:  # the control: the same plant, a naive host step
-            _reset_targets(t)
+            reset_counts(t)
             trial.exec(f"export W=/tmp/w; mkdir -p $W; {command}", timeout_s=case.timeout_s)
             started = time.monotonic()
             try:
@@ -515,9 +251,9 @@ def _run_case(case: _Case, t: _Targets, backend, task, bystander, verifier, say)
                                      round(time.monotonic() - started, 2), text.strip()[:200])
     probe = bystander.exec("cat /app/secret", timeout_s=10)
     report.bystander_ok = report.bystander_ok and probe.stdout == t.bystander_token
-    _cleanup_written(t)
+    cleanup_written(t)
     if case.naive is None:
-        _reset_targets(t)
+        reset_counts(t)
         workdir = Path(tempfile.mkdtemp(prefix=f"ctl-{case.name}-", dir=t.host))
         try:
             code, out, total, duration = _unconfined(command, workdir, 120.0)
@@ -527,7 +263,7 @@ def _run_case(case: _Case, t: _Targets, backend, task, bystander, verifier, say)
         text = out.decode("utf-8", "replace")
         report.control = Outcome(code, None, False, False, total, case.reached(t, text, total), round(duration, 2),
                                  text.strip().splitlines()[-1][:200] if text.strip() else "")
-        _cleanup_written(t)
+        cleanup_written(t)
     for leftover in Path(t.host, "symlink-target").iterdir():
         leftover.unlink()
     report.evidence = report.control.goal_reached
@@ -535,7 +271,3 @@ def _run_case(case: _Case, t: _Targets, backend, task, bystander, verifier, say)
     say(f"sandbox: {case.name}: {report.outcome}; escaped {report.escaped}; control reached "
         f"{report.control.goal_reached}")
     return report
-
-
-def _reset_targets(t: _Targets) -> None:
-    t.counts = {id(x): x.accepted for x in (t.loopback, t.unix_path, t.unix_abstract, t.outside) if x is not None}

@@ -188,7 +188,7 @@ def run_tamper(directory: Path | None = None, *, say=lambda line: None) -> dict[
     not_tested.append({"key": "tamper:in_process_forgery",
                        "reason": "not run: these tests import no agent code. Code that a task's tests import runs "
                                  "in pytest's own process and could forge outcomes in memory (the trust boundary "
-                                 "stated in t1_actors/verification.py)"})
+                                 "stated in t1_actors/verify/engine.py)"})
     evidence = [r for r in reports if r.evidence] if sane else []
     return {
         "tamper_tried": len(evidence),
