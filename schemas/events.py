@@ -38,11 +38,17 @@ class TrialIssued(Event):
 
 @register
 class SamplerTurn(Event):
-    """One generation: the ids the sampler saw, the ids it sampled, their logprobs and routing.
+    """One generation, stored once: what is new in the prompt the sampler saw, the ids it sampled, their
+    logprobs and the routing rows of the positions it was the first of its version to compute.
 
-    ``routing`` covers every position of ``prompt_ids + sampled_ids`` except the last sampled token
-    (which was never fed back), shape ``[len(prompt) + len(sampled) - 1, layers, k]``; None when the
-    backend did not capture routing. ``token_versions`` gives the policy version per sampled token when
+    The prompt is ``P = S[:prefix_len] ++ prompt_ids``, where ``S = P' ++ sampled'`` is the stream of the trial's
+    previous turn (the turn numbered one less in the trial's lineage: a continuation's previous turn may be
+    its original's); ``prefix_len = 0`` (every record before schema 3) stores the whole prompt. ``routing``
+    holds the rows of stream positions ``routing_start .. len(P) + len(sampled) - 2`` (the last sampled token
+    is never fed back); the rows before ``routing_start`` are the previous turn's, computed under the same
+    policy version (a turn of a new version records all its rows: its prefix was prefilled, and routed, anew).
+    None when the backend did not capture routing. ``t1_actors.tito.expand_turns`` rebuilds whole records, so a
+    trajectory of N turns stores each position once instead of about N/2 times. ``token_versions`` gives the policy version per sampled token when
     a generation spans versions (partial-rollout continuation); None means all are ``policy_version``.
     ``engine``, ``engine_version``, ``engine_start_id``: which engine served the turn (torch, sglang), its
     version, and which start of it (None in logs written before version 2). ``error``: why a turn with
@@ -50,10 +56,12 @@ class SamplerTurn(Event):
     """
 
     kind = "sampler_turn"
-    schema_version = 2  # 2 adds engine, engine_version, engine_start_id, error
+    schema_version = 3  # 2 adds engine, engine_version, engine_start_id, error; 3 prefix_len, routing_start
     trial_id: str
     turn: int = Field(ge=0)
     prompt_ids: Array("int32")
+    prefix_len: int = Field(0, ge=0)
+    routing_start: int = Field(0, ge=0)
     sampled_ids: Array("int32")
     sampler_logprobs: Array("float32")
     routing: RoutingArray | None = None
@@ -79,10 +87,11 @@ class SamplerTurn(Event):
             raise SchemaError(type(self).__name__, "token_versions",
                               f"length {len(self.token_versions)} != len(sampled_ids) {n}")
         if self.routing is not None:
-            rows = len(self.prompt_ids) + n - 1
+            rows = self.prefix_len + len(self.prompt_ids) + n - 1 - self.routing_start
             if self.routing.shape[0] != rows:
                 raise SchemaError(type(self).__name__, "routing",
-                                  f"{self.routing.shape[0]} rows, expected len(prompt)+len(sampled)-1 = {rows}")
+                                  f"{self.routing.shape[0]} rows, expected prefix_len + len(prompt) + len(sampled) "
+                                  f"- 1 - routing_start = {rows}")
 
 
 @register

@@ -83,6 +83,12 @@ class GenerateRequest(Message):
     seed: int | None = None
     stop_ids: list[int] = []
     policy_version_wanted: int | None = None
+    # what input_ids repeat of the trial's previous turn (its prompt ++ sampled ids): the first prefix_len ids, of
+    # which the caller holds routing rows for the first prefix_rows, computed under prefix_version. The turn's
+    # record and reply then carry only what is new (SamplerTurn's docstring).
+    prefix_len: int = Field(0, ge=0)
+    prefix_rows: int = Field(0, ge=0)
+    prefix_version: int | None = None
 
 
 @register
@@ -93,6 +99,7 @@ class GenerateReply(Message):
     output_ids: Array("int32")
     logprobs: Array("float32")
     routing: RoutingArray | None = None
+    routing_start: int = Field(0, ge=0)  # the first position ``routing`` covers; the rows before are the caller's
     policy_version: int
     finish_reason: Literal["stop", "length", "cancelled", "error"]
     error: str | None = None  # finish_reason 'error': why (the engine unreachable or dead); an infrastructure failure

@@ -35,7 +35,7 @@ from t1_actors.backends.sampler_backend import (
 )
 from t1_actors.layout import sha256_file
 from t1_actors.policy import ModelConfig, MoEPolicy
-from t1_actors.policy.sampling import Generation, SamplingParams
+from t1_actors.policy.sampling import Generation, SamplingParams, TurnPrefix
 from t1_actors.runtime.actor import Actor, handles
 
 
@@ -128,10 +128,11 @@ class SamplerActor(Actor):
             generation = Generation(len(request.input_ids), np.zeros(0, np.int32), np.zeros(0, np.float32), None,
                                     "error", backend.version, error=error)
         self._turns += 1
+        prefix = TurnPrefix(request.prefix_len, request.prefix_rows, request.prefix_version)
         await self.log(generation.to_event(request.trial_id, request.turn, request.input_ids,
                                            temperature=request.temperature, top_p=request.top_p, sampler_id=self.name,
-                                           engine=backend.engine))
-        return generation.to_reply(request.trial_id, request.turn)
+                                           engine=backend.engine, prefix=prefix))
+        return generation.to_reply(request.trial_id, request.turn, prefix)
 
     async def _cancel_when_asked(self, backend: SamplerBackend, trial_id: str, request_id: str) -> None:
         await self.wait_cancel(trial_id)

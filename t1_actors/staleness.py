@@ -32,7 +32,7 @@ from storage.config import StorageConfig
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.eval.protocol import EvalConfig, pass_k_subset
 from t1_actors.layout import checkpoints_dir, tokenizer_path
-from t1_actors.policy.sampling import Generation
+from t1_actors.policy.sampling import Generation, TurnPrefix
 from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
 from t1_actors.rollout import ToolOutcome
 from t1_actors.rollout.admission import StalenessConfig
@@ -67,14 +67,15 @@ class ActorPorts:
         with trio.move_on_after(30):
             await self.actor.peer("sandbox").call_bulk(SandboxClose(trial_id=trial_id))
 
-    async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray,
-                       seed: int | None = None, temperature: float | None = None) -> Generation:
+    async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
+                       temperature: float | None = None, prefix: TurnPrefix = TurnPrefix()) -> Generation:
         c = self.campaign
         samplers = self.actor.peer("sampler")  # every turn of a trial to one replica: its prefix cache stays warm
         reply = await samplers.call_bulk(GenerateRequest(
             trial_id=trial_id, turn=turn, input_ids=prompt_ids, max_new_tokens=c.max_new_tokens,
             temperature=temperature or self.actor.temperature, top_p=self.actor.top_p, stop_ids=[self.stop_id],
-            policy_version_wanted=self.actor.version, seed=seed), to=samplers.pick(trial_id))
+            policy_version_wanted=self.actor.version, seed=seed, prefix_len=prefix.shared, prefix_rows=prefix.rows,
+            prefix_version=prefix.version), to=samplers.pick(trial_id))
         return Generation.from_reply(reply, len(prompt_ids))
 
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:

@@ -77,6 +77,9 @@ def _micro_config(tmp_path: Path, **changes) -> Path:
     data["quick"]["tasks"].update(train_size=200, eval_size=8, recovery_eval=4, validation_size=4,
                                   recovery_validation=4)
     data["quick"]["campaign"].update(sft_seconds=40, rl_seconds=40, warmup_trials=6, eval_concurrency=12)
+    # long horizons in small: many turns allowed, a context smaller than a long trial needs, old outputs dropped
+    data["quick"]["campaign"].update(max_turns=40, max_context=384, context_strategy="drop_old_outputs",
+                                     keep_last_turns=1, tool_output_chars=120)
     data["quick"]["critic"] = {"warmup_trajectories": 4}
     data["quick"]["staleness"] = {"batch_size": 6}
     for section, values in changes.items():
@@ -144,10 +147,25 @@ def test_campaign_runs_all_six_actors_and_logs_every_event_type(plain_run):
                    if isinstance(cls, type) and issubclass(cls, event_module.Event) and cls.kind}
     assert event_kinds - set(counts) - {"sandbox_exec"} == set(), f"never logged: {sorted(event_kinds - set(counts))}"
     assert counts["learner_step"] >= 1 and counts["weights_published"] >= 2
+    _nothing_was_cut_or_edited_silently(summary, counts)
     change = summary["eval_change"]  # paired over the same 12 eval tasks, before and after RL
     assert change["tasks"] == 12 and change["resolved_before"] == summary["eval_before"]["resolved"]
     assert change["resolved_after"] == summary["eval_after"]["resolved"] and 0 < change["mcnemar_p"] <= 1
     _every_sampled_command_of_an_eval_trial_was_executed(EventLog.open(run_dir / "log"), run_dir)
+
+
+def _nothing_was_cut_or_edited_silently(summary, counts):
+    """A context smaller than the long trials need: prompts were edited (each a logged event), every finish,
+    cut and edit is counted per split in summary.json, and the counts add up to the log's events."""
+    edits = summary["context_edits"]
+    assert sum(n for by_strategy in edits.values() for n in by_strategy.values()) == counts["context_edited"] >= 1
+    assert {strategy for by_strategy in edits.values() for strategy in by_strategy} == {"drop_old_outputs"}
+    finishes = summary["finishes"]
+    assert set(finishes) <= {"train", "warmup", "eval"} and sum(sum(f.values()) for f in finishes.values()) == \
+        counts["trial_ended"]
+    assert set().union(*finishes.values()) <= {"answered", "max_turns", "context", "token_budget", "cancelled",
+                                                "sampler_error", "infra_error", "timeout", "abandoned"}
+    assert set().union(*summary["truncations"].values()) <= {"tool_output", "turn_tokens"}
 
 
 def _the_skill_keys_are_filled(summary):
@@ -193,6 +211,20 @@ def _every_sampled_command_of_an_eval_trial_was_executed(log, run_dir):
         assert executed == sampled, (trial, sampled, executed)
     for name in ("overview.png",):
         assert (run_dir / "report" / name).stat().st_size > 1000
+
+
+def test_replay_drift_reads_the_long_horizon_run_with_zero_loss_region_drift(plain_run):
+    """`t1-replay drift` on the run whose prompts were edited: every edited trial's chunks replay, the loss
+    region equals what the sampler sampled, and the gaps of trials that span versions are reported apart."""
+    from tools._replay.drift import drift_of_run
+    from tools._replay.run import RunView
+
+    code, output, run_dir, _ = plain_run
+    assert code == 0, output[-4000:]
+    view = RunView.open(run_dir)
+    out = drift_of_run(view, limit=40, tokenizer=view.tokenizer(None))
+    assert out["trajectories"] >= 1 and out["drift_rate_loss"] == 0.0 and out["logprob_record_mismatch"] == 0
+    assert set(out["gap_by_versions"]) <= {"single_version", "multi_version"} and out["gap_by_versions"]
 
 
 def test_campaign_leaves_no_process_sandbox_or_mount_behind(plain_run):

@@ -60,9 +60,12 @@ def scalar_strategy(annotation, metadata) -> st.SearchStrategy:
 def array_lengths(cls: type[Record], draw) -> dict[str, int]:
     """Rows of each array field, consistent with the record's own length rules."""
     n, p = draw(st.integers(0, 40)), draw(st.integers(0, 40))
-    if cls.kind == "sampler_turn":
+    if cls.kind == "sampler_turn":  # a stored turn: prefix_len ids shared, rows from routing_start on
         n = max(n, 1)
-        return {"prompt_ids": p, "sampled_ids": n, "sampler_logprobs": n, "token_versions": n, "routing": p + n - 1}
+        shared = draw(st.integers(0, 8))
+        start = draw(st.integers(0, shared))
+        return {"prompt_ids": p, "sampled_ids": n, "sampler_logprobs": n, "token_versions": n,
+                "routing": shared + p + n - 1 - start, "prefix_len": shared, "routing_start": start}
     if cls.kind == "trajectory":
         rows = draw(st.sampled_from([n, max(n - 1, 0)]))
         return {"token_ids": n, "loss_mask": n, "sampler_logprobs": n, "token_versions": n, "routing": rows}
@@ -76,6 +79,9 @@ def records(draw, cls: type[Record]) -> Record:
     fields = {}
     for name, info in cls.model_fields.items():
         spec = cls.array_fields().get(name)
+        if name in lengths and spec is None:  # a length the arrays' rows depend on
+            fields[name] = lengths[name]
+            continue
         optional = type(None) in typing.get_args(info.annotation)
         if spec is not None:
             if optional and draw(st.booleans()):

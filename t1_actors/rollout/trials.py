@@ -23,6 +23,7 @@ from schemas import ContextEdited, EvalResult, StalenessDecision, TrialEnded, Tr
 from t1_actors import tito
 from t1_actors.policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
 from t1_actors.rollout.admission import LengthBias, StalenessConfig, admit, policy_lag
+from t1_actors.policy.sampling import TurnPrefix
 from t1_actors.rollout.loop import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
 from t1_actors.stats import wilson_interval
 
@@ -34,8 +35,10 @@ class TrialPorts(Protocol):
     async def execute(self, trial_id: str, turn: int, command: str, timeout_s: float) -> ToolOutcome: ...
     async def close_sandbox(self, trial_id: str) -> None: ...
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
-                       temperature: float | None = None) -> Generation:
-        """One assistant turn; ``temperature`` None: the run's sampling temperature (training trials)."""
+                       temperature: float | None = None, prefix: TurnPrefix = TurnPrefix()) -> Generation:
+        """One assistant turn; ``temperature`` None: the run's sampling temperature (training trials). ``prefix``:
+        what the prompt shares with the trial's previous turn; the generation may then carry only the routing
+        rows from its ``routing_start`` on (the runner puts the previous turn's back)."""
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
         """Abort the trial's generation; with ``sandbox_id``, also stop its running command and sandbox."""
     async def verify(self, trial_id: str, task_id: str) -> VerifierResult: ...
@@ -104,15 +107,21 @@ class TrialRunner:
 
         async def sample(prompt_ids: np.ndarray, turn: int) -> Generation:
             seed = eval_seed(task_id, turn, sample_index) if seeded else None
-            return await ports.generate(trial_id, turn, prompt_ids, seed=seed, temperature=temperature)
+            previous = rollout_so_far.turns[-1] if rollout_so_far.turns else None
+            prefix = TurnPrefix() if previous is None else TurnPrefix.after(
+                previous.prompt_ids, previous.sampled_ids, previous.routing, previous.policy_version, prompt_ids)
+            generation = await ports.generate(trial_id, turn, prompt_ids, seed=seed, temperature=temperature,
+                                              prefix=prefix)
+            return generation.with_prefix_rows(None if previous is None else previous.routing)
 
         async def execute(command: str, turn: int) -> ToolOutcome:
             return await ports.execute(sandbox_id, turn, command, task.limits.command_timeout_s)
 
         limits = RolloutLimits(**{**self.limits.__dict__, "max_turns": min(self.limits.max_turns, task.limits.max_turns)})
+        rollout_so_far = rollout if rollout is not None else TrialRollout()
         return await run_trial(task.instruction, sample=sample, execute=execute,
                                encode=self.tokenizer.encode, decode=self.tokenizer.decode,
-                               limits=limits, rollout=rollout, render=self.render)
+                               limits=limits, rollout=rollout_so_far, render=self.render)
 
     async def finish(self, trial_id: str, task_id: str, rollout: TrialRollout, *, assemble: bool,
                      sandbox_id: str | None = None) -> TrialOutcome:

@@ -21,7 +21,7 @@ import trio
 
 from schemas import SandboxExec, TrialEnded, TrialIssued
 from t1_actors.backends._sandbox.interface import SandboxInfraError
-from t1_actors.policy.sampling import Generation
+from t1_actors.policy.sampling import Generation, TurnPrefix
 from t1_actors.rollout import ToolOutcome
 from t1_actors.rollout.inprocess import InProcessPorts
 
@@ -67,7 +67,7 @@ class EvalPorts(InProcessPorts):
         return ToolOutcome(result.exit_code, result.stdout + result.stderr)
 
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
-                       temperature: float | None = None) -> Generation:
+                       temperature: float | None = None, prefix: TurnPrefix = TurnPrefix()) -> Generation:
         from t1_actors.backends.sampler_backend import GenerateSpec
 
         update: dict[str, Any] = {"seed": None if seed is None else mixed_seed(self.seed, seed)}
@@ -76,7 +76,7 @@ class EvalPorts(InProcessPorts):
         params = self.params.model_copy(update=update)
         [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), params)])
         await self.log(g.to_event(trial_id, turn, prompt_ids, temperature=params.temperature, top_p=params.top_p,
-                                  sampler_id="eval", engine=self.sampler.engine))
+                                  sampler_id="eval", engine=self.sampler.engine, prefix=prefix))
         return g
 
     async def verify(self, trial_id: str, task_id: str):

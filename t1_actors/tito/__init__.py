@@ -52,8 +52,10 @@ from t1_actors.tito._records import (
 )
 from t1_actors.tito.assembly import assemble, to_event
 from t1_actors.tito.drift import loss_region_drift, tito_metrics
-from t1_actors.tito.repairs import REPAIRS, normalized, repair_boundary, retokenized, split, strict
+from t1_actors.tito.repairs import REPAIRS, normalized, repair_boundary, retokenized, split, strict, version_split
+from t1_actors.tito.turns import expand_turns
 
 __all__ = ["CASES", "MAX_PROMPT_DROP", "MAX_SAMPLED_DROP", "REPAIRS", "Case", "LossSpan", "Repair", "TitoDriftError",
-           "TitoError", "TrajectoryChunk", "Turn", "TurnLike", "assemble", "loss_region_drift", "normalized",
-           "repair_boundary", "retokenized", "split", "strict", "tito_metrics", "to_event"]
+           "TitoError", "TrajectoryChunk", "Turn", "TurnLike", "assemble", "expand_turns", "loss_region_drift",
+           "normalized", "repair_boundary", "retokenized", "split", "strict", "tito_metrics", "to_event",
+           "version_split"]

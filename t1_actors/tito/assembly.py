@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from schemas import TrajectoryAssembled
+from schemas import SamplerTurn, TrajectoryAssembled
 from t1_actors.tito._records import LossSpan, Repair, TitoDriftError, TitoError, TrajectoryChunk, Turn, TurnLike
 from t1_actors.tito.drift import loss_region_drift
 from t1_actors.tito.repairs import REPAIRS, Case, repair_boundary, version_split
+from t1_actors.tito.turns import expand_turns
 
 
 def assemble(turns: Sequence[TurnLike], tokenizer: Any, *, reward: float,
@@ -35,6 +36,8 @@ def assemble(turns: Sequence[TurnLike], tokenizer: Any, *, reward: float,
         raise TitoError(f"assemble: unknown repair cases {sorted(unknown)}; choose from {list(REPAIRS)}")
     if not turns:
         raise TitoError("assemble: no turns; a trajectory needs at least one sampler turn")
+    if any(isinstance(turn, SamplerTurn) for turn in turns):  # the log's records store only what is new
+        turns = expand_turns(turns)
     turns = [_checked(turn, i) for i, turn in enumerate(turns)]
     _check_routing_shapes(turns)
     groups: list[list[int]] = [[0]]

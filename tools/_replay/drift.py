@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from schemas import SamplerTurn, TrajectoryAssembled, TrialIssued
+from t1_actors import tito
 from tools._replay.align import Rerendered, rerender
 from tools._replay.boundaries import boundary_report
 from tools._replay.run import RunError
@@ -335,12 +336,27 @@ def lineage_turns(trial_id: str, turns_by_trial: dict[str, list[SamplerTurn]],
     return [by_turn[k] for k in sorted(by_turn)]
 
 
+def whole_turns(turns: list[SamplerTurn]) -> list[SamplerTurn]:
+    """A trial's lineage with every record whole (``tito.expand_turns``); the turns up to the first that extends a
+    turn the log does not hold (a lineage cut short) when one does."""
+    try:
+        return tito.expand_turns(turns)
+    except tito.TitoError:
+        whole: list[SamplerTurn] = []
+        for turn in turns:
+            try:
+                whole = tito.expand_turns([*whole, turn])
+            except tito.TitoError:
+                break
+        return whole
+
+
 def drift_of_run(view, *, limit: int | None = None, tokenizer=None, trial: str | None = None) -> dict:
     """Drift of every logged trajectory chunk of a run (``view``: a ``RunView``), as one JSON-able dict."""
     report = DriftReport()
     parents = {e.trial_id: e.resumed_from for _, e in view.of_kind(TrialIssued)}
     own_turns = view.sampler_turns()
-    turns_by_trial = {tid: lineage_turns(tid, own_turns, parents) for tid in set(own_turns) | set(parents)}
+    turns_by_trial = {tid: whole_turns(lineage_turns(tid, own_turns, parents)) for tid in set(own_turns) | set(parents)}
     chunks = [e for _, e in view.of_kind(TrajectoryAssembled) if trial is None or e.trial_id == trial]
     every_trial: dict[str, list[TrajectoryAssembled]] = {}
     for traj in chunks:

@@ -79,7 +79,7 @@ def trial_view(view: RunView, trial_id: str, tokenizer=None) -> dict:
             out["turns"].append({
                 "event": event_id, "trial_id": e.trial_id, "turn": e.turn, "policy_version": e.policy_version,
                 "finish_reason": e.finish_reason, "temperature": e.temperature,
-                "prompt_tokens": len(e.prompt_ids), "sampled_tokens": len(e.sampled_ids),
+                "prompt_tokens": e.prefix_len + len(e.prompt_ids), "sampled_tokens": len(e.sampled_ids),
                 "sampled_ids": e.sampled_ids.tolist(), "sampled_text": _decode(tokenizer, e.sampled_ids),
                 "logprobs": lp.tolist(),
                 "logprob_mean": float(lp.mean()) if len(lp) else None,

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from schemas import SamplerTurn, TrialIssued
+from t1_actors import tito
 from tools._replay.drift import token_logprobs
 
 
@@ -22,7 +23,12 @@ def kl_rl_sft(view, *, max_trials: int = 48) -> dict | None:
     if not trials:
         return None
     trials = set(trials[:max_trials])
-    turns = [e for _, e in view.of_kind(SamplerTurn) if e.trial_id in trials and len(e.sampled_ids)]
+    by_trial: dict[str, list[SamplerTurn]] = {}
+    for _, e in view.of_kind(SamplerTurn):
+        if e.trial_id in trials:
+            by_trial.setdefault(e.trial_id, []).append(e)
+    turns = [t for trial_turns in by_trial.values() for t in tito.expand_turns(sorted(trial_turns, key=lambda t: t.turn))
+             if len(t.sampled_ids)]  # eval trials are never continuations: each trial's own turns are whole
     versions = {t.policy_version for t in turns}
     if not turns or versions == {0}:
         return None
