@@ -46,14 +46,14 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.lib.ray_side import RaySide  # noqa: E402
-from schemas import decode, encode  # noqa: E402
-from schemas.messages import Generic, Ping  # noqa: E402
-from t1_actors.job.config import parse_config  # noqa: E402
-from t1_actors.runtime import Actor, connect, handles  # noqa: E402
-from t1_actors.runtime.auth import REQUEST, Sealer  # noqa: E402
-from t1_actors.runtime.memory import keep_freed_buffers  # noqa: E402
-from t1_actors.runtime.wire import pack_envelope  # noqa: E402
+from bench.lib.ray_side import RaySide
+from schemas import decode, encode
+from schemas.messages import Generic, Ping
+from t1_actors.job.config import parse_config
+from t1_actors.runtime import Actor, connect, handles
+from t1_actors.runtime.auth import REQUEST, Sealer
+from t1_actors.runtime.memory import keep_freed_buffers
+from t1_actors.runtime.wire import pack_envelope
 
 KEY = "bench-key-0123456789abcdef"
 PAYLOAD = b"x" * 256  # a small control message, like a heartbeat or a cancel

@@ -38,8 +38,8 @@ from t1_actors.policy.sampling import ContinuousBatcher, SamplingParams, generat
 from t1_actors.policy.tokenizer import default_tokenizer, generic_shell_chats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.lib import sglang_side, vllm_side  # noqa: E402
-from bench.lib.hf_generate import compare  # noqa: E402
+from bench.lib import sglang_side, vllm_side
+from bench.lib.hf_generate import compare
 
 
 def _prompts(batch: int) -> list[list[int]]:

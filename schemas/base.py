@@ -65,7 +65,7 @@ class ArraySpec:
         return value
 
 
-def Array(*dtypes: str, ndim: int = 1):  # noqa: N802 - reads like a type
+def Array(*dtypes: str, ndim: int = 1):  # reads like a type
     """Annotated numpy array field: ``ids: Array("int32")``."""
     spec = ArraySpec(tuple(dtypes), ndim)
     return Annotated[

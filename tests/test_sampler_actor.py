@@ -11,14 +11,14 @@ import trio
 
 pytest.importorskip("t1_actors.runtime.host")
 
-from _trio import trio_test  # noqa: E402
+from _trio import trio_test
 
-from schemas import Cancel, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn  # noqa: E402
-from t1_actors.policy import ModelConfig, MoEPolicy  # noqa: E402
-from t1_actors.runtime.errors import RemoteError  # noqa: E402
-from t1_actors.runtime.host import serve_actor  # noqa: E402
-from t1_actors.runtime.peers import connect  # noqa: E402
-from t1_actors.sampler import SamplerActor  # noqa: E402
+from schemas import Cancel, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn
+from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.runtime.errors import RemoteError
+from t1_actors.runtime.host import serve_actor
+from t1_actors.runtime.peers import connect
+from t1_actors.sampler import SamplerActor
 
 torch.set_num_threads(1)
 

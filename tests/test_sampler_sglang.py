@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import trio
-from _trio import trio_test  # noqa: E402
+from _trio import trio_test
 from sglang_standin import SGLangStandIn
 
 from t1_actors.backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend

@@ -98,7 +98,7 @@ class DaytonaApiStandIn:
             def _body(self) -> bytes:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 standin.requests.append(("POST", self.path))
                 raw = self._body()
                 if self.path == "/sandbox":
@@ -143,7 +143,7 @@ class DaytonaApiStandIn:
                 self._reply(200, b"".join(parts) + f"--{boundary}--\r\n".encode(),
                             f"multipart/form-data; boundary={boundary}")
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 standin.requests.append(("GET", self.path))
                 match = re.fullmatch(r"/sandbox/([\w.-]+)(/toolbox-proxy-url)?", self.path.split("?")[0])
                 entry = standin._find(match.group(1)) if match else None
@@ -153,7 +153,7 @@ class DaytonaApiStandIn:
                     return self._reply(200, {"url": f"{standin.url}/toolbox"})
                 return self._reply(200, standin._dto(entry))
 
-            def do_DELETE(self) -> None:  # noqa: N802
+            def do_DELETE(self) -> None:
                 standin.requests.append(("DELETE", self.path))
                 match = re.fullmatch(r"/sandbox/([\w.-]+)", self.path.split("?")[0])
                 entry = standin._find(match.group(1)) if match else None
