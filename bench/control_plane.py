@@ -111,7 +111,7 @@ def raw_server(rep_addr: str, pull_addr: str) -> None:
                 rep.send(str(pulled[0]).encode())
             elif msg.startswith(b"wait "):
                 with more:
-                    more.wait_for(lambda: pulled[0] >= int(msg[5:]), timeout=_BULK_WAIT_S)
+                    more.wait_for(lambda target=int(msg[5:]): pulled[0] >= target, timeout=_BULK_WAIT_S)
                     rep.send(str(pulled[0]).encode())
             elif msg == b"stop":
                 rep.send(b"bye")  # not empty: pynng 0.9 cannot receive an empty message
@@ -211,8 +211,8 @@ def mac_GBps(blob: bytes) -> dict[str, float]:
     from t1_actors.runtime.auth import BULK
 
     sealer = Sealer(KEY.encode())
-    return {name: round(len(blob) / (min(timeit.repeat(lambda: sealer.header(channel, blob), number=5,
-                                                       repeat=5)) / 5) / 1e9, 2)
+    return {name: round(len(blob) / (min(timeit.repeat(lambda channel=channel: sealer.header(channel, blob),
+                                                       number=5, repeat=5)) / 5) / 1e9, 2)
             for name, channel in (("hmac_sha256", REQUEST), ("aes_gmac", BULK))}
 
 

@@ -4,7 +4,8 @@ It plays the campaign's schedule (``job.schedule``: SFT eval, warm-up and the cr
 asynchronous PPO, RL eval; each phase skipped on restart when the log shows it done; the trials a killed
 predecessor left open are closed with their reason first: ``rollout.recovery``). Trials reach the
 sampler, sandbox and verifier actors through ``ActorPorts``; the orchestration itself is
-``t1_actors.rollout.trials`` and the admission rules ``t1_actors.rollout.admission``. It learns the learner's version by tailing the log for ``WeightsPublished``.
+``t1_actors.rollout.trials`` and the admission rules ``t1_actors.rollout.admission``. It learns the learner's
+version by tailing the log for ``WeightsPublished``.
 """
 
 from __future__ import annotations

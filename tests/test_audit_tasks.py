@@ -73,7 +73,8 @@ def write_harbor(root: Path) -> Path:
     (task / "task.toml").write_text('version = "1.0"\n[metadata]\ndifficulty = "easy"\n[verifier]\ntimeout_sec = 60\n')
     (task / "instruction.md").write_text("Write the number 42 to /app/answer.txt and copy it to /app/backup.txt.\n")
     (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\n")
-    (task / "solution" / "solve.sh").write_text("#!/bin/bash\necho 42 > /app/answer.txt\ncp /app/answer.txt /app/backup.txt\n")
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\necho 42 > /app/answer.txt\ncp /app/answer.txt /app/backup.txt\n")
     (task / "tests" / "test.sh").write_text("#!/bin/bash\npytest /tests/test_state.py\n")
     (task / "tests" / "test_state.py").write_text(
         "def test_answer():\n    assert open('/app/answer.txt').read().strip() == '42'\n\n"

@@ -69,7 +69,7 @@ async def test_generate_cancel_and_policy_update_over_the_runtime(tmp_path, acto
                                        deadline_s=30)
                 await sampler.call(PolicyUpdate(version=1, location=str(tmp_path / "v1"), sha256=sha), deadline_s=30)
                 with trio.fail_after(30):  # acknowledged at once, loaded between generations
-                    while (after := await sampler.call(_request("t-3", 5), deadline_s=60)).policy_version != 1:
+                    while (await sampler.call(_request("t-3", 5), deadline_s=60)).policy_version != 1:
                         await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
 

@@ -137,7 +137,8 @@ class DaytonaApiStandIn:
                     try:
                         data, name, kind = entry["local"].read_file(path), "file", "application/octet-stream"
                     except OSError as exc:
-                        data, name, kind = json.dumps({"message": str(exc), "statusCode": 404}).encode(), "error", "application/json"
+                        error = json.dumps({"message": str(exc), "statusCode": 404}).encode()
+                        data, name, kind = error, "error", "application/json"
                     parts.append(f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{path}\"\r\n"
                                  f"Content-Type: {kind}\r\n\r\n".encode() + data + b"\r\n")
                 self._reply(200, b"".join(parts) + f"--{boundary}--\r\n".encode(),

@@ -86,7 +86,8 @@ class DaytonaSandboxBackend:
                 image = Image.from_dockerfile(context / "Dockerfile")
             else:
                 image = environment.base_image or self.config.image
-        resources = Resources(cpu=max(1, math.ceil(task.limits.cpus)), memory=max(1, math.ceil(task.limits.memory_mb / 1024)))
+        resources = Resources(cpu=max(1, math.ceil(task.limits.cpus)),
+                              memory=max(1, math.ceil(task.limits.memory_mb / 1024)))
         return CreateSandboxFromImageParams(image=image, resources=resources, **common)
 
     def sandbox_name(self, trial_id: str) -> str:

@@ -74,8 +74,8 @@ class ActorHost:
             if isinstance(record, Cancel):
                 return Ack(detail=f"cancelled {n}")
             handled = ", ".join(sorted(t.kind for t in type(actor)._handlers)) or "nothing"
-            return ErrorReply(error="NotHandled",
-                              detail=f"{self.ctx.name} ({self.ctx.role}) does not handle {record.kind!r}; it handles {handled}")
+            return ErrorReply(error="NotHandled", detail=f"{self.ctx.name} ({self.ctx.role}) does not handle "
+                                                         f"{record.kind!r}; it handles {handled}")
         method_name, graceful = entry
         trial_id = getattr(record, "trial_id", None)
         binds = {k: v for k, v in (("trial_id", trial_id),

@@ -81,7 +81,8 @@ def _build_chunk(index: int, turns: list[TurnLike], numbers: list[int], repairs:
         pieces += [context, sampled]
         mask += [np.zeros(len(context), np.uint8), np.ones(len(sampled), np.uint8)]
         logprobs += [np.zeros(len(context), np.float32), turn.sampler_logprobs]
-        sampled_versions = turn.token_versions if turn.token_versions is not None else np.full(len(sampled), turn.policy_version)
+        sampled_versions = (turn.token_versions if turn.token_versions is not None
+                            else np.full(len(sampled), turn.policy_version))
         versions += [np.zeros(len(context), np.int32), sampled_versions.astype(np.int32)]
         length += new
     loss_versions = np.concatenate(versions)[np.concatenate(mask).astype(bool)]

@@ -219,7 +219,8 @@ def _count_at_least(n: int) -> Callable[[_Targets, str, Any], bool]:
 
 def _connect(address: str, port: int | None = None, family: str = "AF_INET") -> str:
     target = f"({address!r}, {port})" if port is not None else repr(address)
-    return _py(f"import socket; s = socket.socket(socket.{family}); s.settimeout(3); s.connect({target}); print('connected')")
+    return _py(f"import socket; s = socket.socket(socket.{family}); s.settimeout(3); s.connect({target}); "
+               "print('connected')")
 
 
 _ESCAPE_MARK = "t1-hostile-written"
@@ -308,12 +309,14 @@ CASES: list[_Case] = [
     _Case("setuid_file_capabilities", "regain CAP_SYS_ADMIN by exec'ing a copy of python3 given it as a file "
           "capability (and setuid root)",
           lambda t: "cp /usr/bin/python3 $W/py && chmod u+s $W/py && setcap cap_sys_admin+ep $W/py; "
-                    + "$W/py -c " + _quote("caps = int(open('/proc/self/status').read().split('CapEff:')[1].split()[0], 16)\n"
+                    + "$W/py -c " + _quote("caps = int(open('/proc/self/status').read()"
+                                           ".split('CapEff:')[1].split()[0], 16)\n"
                                            "print('GOAL' + '_REACHED' if caps >> 21 & 1 else 'no CAP_SYS_ADMIN')"),
           _said),
     _Case("symlink_tests_dir", "make the verifier's laying of the pristine tests at /tests land in a host "
           "directory (/tests planted as a symlink to it)",
-          lambda t: f"ln -s {t.host}/symlink-target /tests", lambda t, out, raw: any(Path(t.host, "symlink-target").iterdir()),
+          lambda t: f"ln -s {t.host}/symlink-target /tests",
+          lambda t, out, raw: any(Path(t.host, "symlink-target").iterdir()),
           after_sandbox=_verify_planted,
           naive=lambda t, trial: _naive_copy_tests(t, trial)),
     _Case("symlink_read_out", "make the host's read of a trial file (/app/answer.txt) return a host file "
@@ -376,7 +379,7 @@ def _describe(result, seen: str) -> str:
         if message.lower() in seen.lower():
             return outcome
     if result.exit_code != 0:
-        return "refused (exit %d)" % result.exit_code
+        return f"refused (exit {result.exit_code})"
     return "ran; goal not reached"
 
 
