@@ -7,11 +7,11 @@ is the msgpack header.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
-from schemas.base import Array, Record, RoutingArray
+from schemas.base import Float32Array, Int32Array, Record, RoutingArray, UInt8Array
 from schemas.registry import register
 
 
@@ -53,11 +53,11 @@ class SamplerTurn(Event):
     schema_version = 2  # 2 adds engine, engine_version, engine_start_id, error
     trial_id: str
     turn: int = Field(ge=0)
-    prompt_ids: Array("int32")
-    sampled_ids: Array("int32")
-    sampler_logprobs: Array("float32")
+    prompt_ids: Int32Array
+    sampled_ids: Int32Array
+    sampler_logprobs: Float32Array
     routing: RoutingArray | None = None
-    token_versions: Array("int32") | None = None
+    token_versions: Int32Array | None = None
     policy_version: int = Field(ge=0)
     finish_reason: Literal["stop", "length", "cancelled", "error"]
     temperature: float = Field(gt=0)
@@ -68,7 +68,7 @@ class SamplerTurn(Event):
     engine_start_id: str | None = None
     error: str | None = None
 
-    def model_post_init(self, _ctx) -> None:
+    def model_post_init(self, _ctx: Any) -> None:
         from schemas.base import SchemaError
 
         n = len(self.sampled_ids)
@@ -148,17 +148,17 @@ class TrajectoryAssembled(Event):
     trial_id: str
     chunk: int = Field(ge=0)
     task_id: str
-    token_ids: Array("int32")
-    loss_mask: Array("uint8")
-    sampler_logprobs: Array("float32")
+    token_ids: Int32Array
+    loss_mask: UInt8Array
+    sampler_logprobs: Float32Array
     routing: RoutingArray | None = None
-    token_versions: Array("int32")
+    token_versions: Int32Array
     boundary_cases: list[Literal["strict", "normalized", "retokenized", "split"]]
     reward: float
     policy_version: int = Field(ge=0)  # the oldest version that produced a loss token
     turns: int = Field(ge=0)
 
-    def model_post_init(self, _ctx) -> None:
+    def model_post_init(self, _ctx: Any) -> None:
         from schemas.base import SchemaError
 
         n = len(self.token_ids)
@@ -178,7 +178,7 @@ class CriticValues(Event):
     kind = "critic_values"
     trial_id: str
     chunk: int = Field(ge=0)
-    values: Array("float32")
+    values: Float32Array
     critic_version: int = Field(ge=0)
 
 
