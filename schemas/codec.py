@@ -118,7 +118,7 @@ def pack_parts(value: Any) -> list[bytes | memoryview]:
     return parts
 
 
-def unpack(data: bytes) -> Any:
+def unpack(data: bytes | memoryview) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
 
 
