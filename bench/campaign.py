@@ -157,7 +157,7 @@ def run_campaign(config_path: Path, run_dir: Path, steps: int, timeout_s: float)
             if cursor is None:
                 try:
                     cursor = EventLog.open(run_dir / "log").cursor(kinds=["trial_issued", "weights_published"])
-                except Exception:  # noqa: BLE001 - no log yet
+                except Exception:  # no log yet
                     continue
             for _, event in cursor.poll():
                 if not snapshots and event.kind == "trial_issued" and event.split == "train":

@@ -46,14 +46,14 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.lib.ray_side import RaySide  # noqa: E402
-from schemas import decode, encode  # noqa: E402
-from schemas.messages import Generic, Ping  # noqa: E402
-from t1_actors.job.config import parse_config  # noqa: E402
-from t1_actors.runtime import Actor, connect, handles  # noqa: E402
-from t1_actors.runtime.auth import REQUEST, Sealer  # noqa: E402
-from t1_actors.runtime.memory import keep_freed_buffers  # noqa: E402
-from t1_actors.runtime.wire import pack_envelope  # noqa: E402
+from bench.lib.ray_side import RaySide
+from schemas import decode, encode
+from schemas.messages import Generic, Ping
+from t1_actors.job.config import parse_config
+from t1_actors.runtime import Actor, connect, handles
+from t1_actors.runtime.auth import REQUEST, Sealer
+from t1_actors.runtime.memory import keep_freed_buffers
+from t1_actors.runtime.wire import pack_envelope
 
 KEY = "bench-key-0123456789abcdef"
 PAYLOAD = b"x" * 256  # a small control message, like a heartbeat or a cancel
@@ -111,7 +111,7 @@ def raw_server(rep_addr: str, pull_addr: str) -> None:
                 rep.send(str(pulled[0]).encode())
             elif msg.startswith(b"wait "):
                 with more:
-                    more.wait_for(lambda: pulled[0] >= int(msg[5:]), timeout=_BULK_WAIT_S)
+                    more.wait_for(lambda target=int(msg[5:]): pulled[0] >= target, timeout=_BULK_WAIT_S)
                     rep.send(str(pulled[0]).encode())
             elif msg == b"stop":
                 rep.send(b"bye")  # not empty: pynng 0.9 cannot receive an empty message
@@ -211,8 +211,8 @@ def mac_GBps(blob: bytes) -> dict[str, float]:
     from t1_actors.runtime.auth import BULK
 
     sealer = Sealer(KEY.encode())
-    return {name: round(len(blob) / (min(timeit.repeat(lambda: sealer.header(channel, blob), number=5,
-                                                       repeat=5)) / 5) / 1e9, 2)
+    return {name: round(len(blob) / (min(timeit.repeat(lambda channel=channel: sealer.header(channel, blob),
+                                                       number=5, repeat=5)) / 5) / 1e9, 2)
             for name, channel in (("hmac_sha256", REQUEST), ("aes_gmac", BULK))}
 
 

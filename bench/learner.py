@@ -20,12 +20,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from schemas import TrajectoryAssembled  # noqa: E402
-from t1_actors.backends.torch_learner import TorchLearner, collate  # noqa: E402
-from t1_actors.policy.config import ModelConfig  # noqa: E402
-from t1_actors.policy.model import MoEPolicy  # noqa: E402
-from t1_actors.policy.routing import routing_to_numpy  # noqa: E402
-from t1_actors.train.ppo import PPOConfig  # noqa: E402
+from schemas import TrajectoryAssembled
+from t1_actors.backends.torch_learner import TorchLearner, collate
+from t1_actors.policy.config import ModelConfig
+from t1_actors.policy.model import MoEPolicy
+from t1_actors.policy.routing import routing_to_numpy
+from t1_actors.train.ppo import PPOConfig
 
 
 @torch.no_grad()

@@ -37,9 +37,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from schemas import TrajectoryAssembled  # noqa: E402
-from storage import EventLog, StorageConfig  # noqa: E402
-from storage._packed import reserve, reserve_pays  # noqa: E402
+from schemas import TrajectoryAssembled
+from storage import EventLog, StorageConfig
+from storage._packed import reserve, reserve_pays
 
 LAYERS, TOP_K, EXPERTS, TOKENS, VOCAB = 48, 8, 256, 2048, 151_936
 FIELDS = ("token_ids", "loss_mask", "sampler_logprobs", "token_versions", "routing")

@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from log_append import FIELDS, make_trajectory  # noqa: E402
+from log_append import FIELDS, make_trajectory
 
 BUCKET = "t1-bench"
 

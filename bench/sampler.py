@@ -5,20 +5,19 @@
 Also: a multi-turn rollout (each turn's prompt = the conversation so far + a tool response) with the
 per-session prefix cache vs without (``prefix_cache_speedup``, generated tokens per CPU second).
 
-Runs alternate (capture, no capture, capture, ...) so that machine noise hits both alike; each side's
-figure is its best run, timed in process CPU seconds (robust on a shared machine; with one torch
-thread CPU time is the compute time) and, for reference, in wall seconds. Prints a table, then one JSON line with ``capture_overhead`` (1 - with/without)
-and ``routing_bytes_per_token`` (layers * k * bytes per id); and t1's sampler against transformers'
-``generate`` on the same weights (``bench/lib/hf_generate.py``): ``vs_hf_generate_b1`` / ``_b32``, tokens per
-wall second of t1 over transformers' at batch 1 and 32 (the lower of greedy and T = 1, over both model
-shapes; goals >= 1 and >= 2); and against a real SGLang server on the CPU (``bench/lib/sglang_side.py``, the
-SGLang venv of ``.ci/setup-sglang``): ``vs_sglang_cpu``, t1 over SGLang at batch 32 with routing capture on
-both (the lower over both shapes; ``null`` with the reason when the venv is absent); and against a real vLLM
-server on the CPU (``bench/lib/vllm_side.py``, the optional vLLM venv of ``.ci/setup-vllm``): ``vs_vllm_cpu``,
-t1 over vLLM at batch 32 with routing capture off on both (vLLM's CPU build cannot capture), the lower over
-the shapes vLLM served (``vs_vllm_cpu_shapes``; vLLM's CPU attention has no kernel for the tiny shape's
-40-wide heads, so that shape reports ``absent`` with the server's error); ``null`` with the reason when the
-venv is absent.
+Runs alternate (capture, no capture, capture, ...) so that machine noise hits both alike; each side's figure is its
+best run, timed in process CPU seconds (robust on a shared machine; with one torch thread CPU time is the compute
+time) and, for reference, in wall seconds. Prints a table, then one JSON line with ``capture_overhead`` (1 -
+with/without) and ``routing_bytes_per_token`` (layers * k * bytes per id); and t1's sampler against transformers'
+``generate`` on the same weights (``bench/lib/hf_generate.py``): ``vs_hf_generate_b1`` / ``_b32``, tokens per wall
+second of t1 over transformers' at batch 1 and 32 (the lower of greedy and T = 1, over both model shapes; goals >= 1
+and >= 2); and against a real SGLang server on the CPU (``bench/lib/sglang_side.py``, the SGLang venv of
+``.ci/setup-sglang``): ``vs_sglang_cpu``, t1 over SGLang at batch 32 with routing capture on both (the lower over
+both shapes; ``null`` with the reason when the venv is absent); and against a real vLLM server on the CPU
+(``bench/lib/vllm_side.py``, the optional vLLM venv of ``.ci/setup-vllm``): ``vs_vllm_cpu``, t1 over vLLM at batch
+32 with routing capture off on both (vLLM's CPU build cannot capture), the lower over the shapes vLLM served
+(``vs_vllm_cpu_shapes``; vLLM's CPU attention has no kernel for the tiny shape's 40-wide heads, so that shape
+reports ``absent`` with the server's error); ``null`` with the reason when the venv is absent.
 """
 
 from __future__ import annotations
@@ -38,8 +37,8 @@ from t1_actors.policy.sampling import ContinuousBatcher, SamplingParams, generat
 from t1_actors.policy.tokenizer import default_tokenizer, generic_shell_chats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.lib import sglang_side, vllm_side  # noqa: E402
-from bench.lib.hf_generate import compare  # noqa: E402
+from bench.lib import sglang_side, vllm_side
+from bench.lib.hf_generate import compare
 
 
 def _prompts(batch: int) -> list[list[int]]:

@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig  # noqa: E402
-from t1_actors.tasks.model import Environment, FileSpec, Task  # noqa: E402
-from t1_actors.tasks.model import Tests as TaskTests  # noqa: E402
-from t1_actors.verify.engine import Verifier, VerifierConfig  # noqa: E402
+from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+from t1_actors.tasks.model import Environment, FileSpec, Task
+from t1_actors.tasks.model import Tests as TaskTests
+from t1_actors.verify.engine import Verifier, VerifierConfig
 
 COMMANDS = ["echo hello", "ls /app", "cat /app/in.txt | wc -c", "mkdir -p /app/d && touch /app/d/f", "true"]
 TESTS = "\n".join(f"def test_{i}():\n    assert open('/app/in.txt').read().startswith('line')\n" for i in range(4))

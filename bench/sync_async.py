@@ -68,10 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     config = probe_config(base, [])
 
     probes = [json.loads(Path(p).read_text().strip().splitlines()[-1]) for p in args.probe_report]
+    rl_steps = config.section(CampaignConfig).rl_steps
     for report in probes:
-        if Path(report["run"]).resolve() != base.resolve() or len(report["steps"]) != config.section(CampaignConfig).rl_steps:
+        if Path(report["run"]).resolve() != base.resolve() or len(report["steps"]) != rl_steps:
             print(json.dumps({"error": f"--probe-report of {report['run']} with {len(report['steps'])} steps is not "
-                                       f"the probe of {base} at its campaign's {config.section('campaign').rl_steps} steps"}))
+                                       f"the probe of {base} at its campaign's {rl_steps} steps"}))
             return 2
     for seed in range(len(probes), args.probe_seeds if not probes else len(probes)):
         probe_args = argparse.Namespace(ckpt="weights/v00000", steps=config.section(CampaignConfig).rl_steps,

@@ -1,6 +1,16 @@
 """t1 schemas: typed, immutable, versioned events and messages, and their msgpack codec."""
 
-from schemas.base import Array, ArraySpec, Record, RoutingArray, SchemaError, routing_dtype
+from schemas.base import (
+    Array,
+    ArraySpec,
+    Float32Array,
+    Int32Array,
+    Record,
+    RoutingArray,
+    SchemaError,
+    UInt8Array,
+    routing_dtype,
+)
 from schemas.codec import decode, encode, pack, unpack
 from schemas.events import (
     ActorLifecycle,

@@ -9,9 +9,10 @@ typed binary (dtype + shape + bytes) and are stored by the event log in chunked 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, get_args
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeAlias, get_args
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, ValidationError, WithJsonSchema
 from pydantic.functional_validators import PlainValidator
 
@@ -46,7 +47,7 @@ class ArraySpec:
     dtypes: tuple[str, ...]
     ndim: int
 
-    def __call__(self, value: Any) -> np.ndarray:
+    def __call__(self, value: object) -> np.ndarray:
         if not isinstance(value, np.ndarray):
             raise ValueError(
                 f"expected a numpy array of dtype {'/'.join(self.dtypes)} and rank {self.ndim}, "
@@ -65,8 +66,11 @@ class ArraySpec:
         return value
 
 
-def Array(*dtypes: str, ndim: int = 1):  # noqa: N802 - reads like a type
-    """Annotated numpy array field: ``ids: Array("int32")``."""
+def Array(*dtypes: str, ndim: int = 1) -> Any:  # reads like a type
+    """Annotated numpy array field: ``ids: Array("int32")`` (pydantic validates the dtype and rank).
+
+    A type checker cannot evaluate a call in an annotation: the records' fields use the named aliases below,
+    which are these annotations at run time and the arrays they hold to a type checker."""
     spec = ArraySpec(tuple(dtypes), ndim)
     return Annotated[
         np.ndarray,
@@ -76,8 +80,17 @@ def Array(*dtypes: str, ndim: int = 1):  # noqa: N802 - reads like a type
     ]
 
 
-# Routing records are expert ids: one byte when the model has <= 256 experts, wider only when needed.
-RoutingArray = Array("uint8", "uint16", "int32", ndim=3)
+if TYPE_CHECKING:
+    Int32Array: TypeAlias = npt.NDArray[np.int32]
+    Float32Array: TypeAlias = npt.NDArray[np.float32]
+    UInt8Array: TypeAlias = npt.NDArray[np.uint8]
+    RoutingArray: TypeAlias = npt.NDArray[np.uint8 | np.uint16 | np.int32]
+else:
+    Int32Array = Array("int32")
+    Float32Array = Array("float32")
+    UInt8Array = Array("uint8")
+    # Routing records are expert ids: one byte when the model has <= 256 experts, wider only when needed.
+    RoutingArray = Array("uint8", "uint16", "int32", ndim=3)
 
 
 def routing_dtype(num_experts: int) -> np.dtype:
@@ -98,6 +111,7 @@ class Record(BaseModel):
 
     kind: ClassVar[str] = ""
     schema_version: ClassVar[int] = 1
+    _array_fields_cache: ClassVar[dict[str, ArraySpec]]  # set per class by array_fields(), on first use
 
     def __init__(self, **data: Any):
         try:

@@ -61,7 +61,8 @@ def _ext_hook(code: int, data: bytes) -> Any:
 
 def pack(value: Any) -> bytes:
     """msgpack with numpy arrays as typed binary."""
-    return msgpack.packb(value, default=_default, use_bin_type=True)
+    packed: bytes = msgpack.packb(value, default=_default, use_bin_type=True)
+    return packed
 
 
 _SPLICE_BYTES = 1 << 16  # bytes and arrays this large are not copied by pack_parts
@@ -70,12 +71,12 @@ _SPLICE_BYTES = 1 << 16  # bytes and arrays this large are not copied by pack_pa
 def _raw_bytes(arr: np.ndarray) -> memoryview:
     """The C-order bytes of a contiguous array, in place where the buffer protocol allows it."""
     try:
-        return memoryview(arr).cast("B")
+        return arr.data.cast("B")  # arr.data: memoryview(arr), typed
     except (TypeError, ValueError):  # e.g. a non-native byte order: no flat view, so copy
         return memoryview(arr.tobytes())
 
 
-def pack_parts(value: Any) -> list:
+def pack_parts(value: Any) -> list[bytes | memoryview]:
     """``pack(value)`` as a list of buffers whose concatenation is exactly ``pack(value)``, without
     copying large bytes values and arrays: those appear in the list as views of their own memory.
     For a sender that copies the parts once, into a socket's message.
@@ -106,7 +107,8 @@ def pack_parts(value: Any) -> list:
     packed = pack(swap(value))
     if not spliced:
         return [packed]
-    parts, start = [], 0
+    parts: list[bytes | memoryview] = []
+    start = 0
     view = memoryview(packed)
     for at, token in sorted((packed.index(b"\xc4\x10" + token), token) for token in spliced):
         header, data = spliced[token]
@@ -116,7 +118,7 @@ def pack_parts(value: Any) -> list:
     return parts
 
 
-def unpack(data: bytes) -> Any:
+def unpack(data: bytes | memoryview) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
 
 

@@ -7,11 +7,11 @@ is the msgpack header.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
-from schemas.base import Array, Record, RoutingArray
+from schemas.base import Float32Array, Int32Array, Record, RoutingArray, UInt8Array
 from schemas.registry import register
 
 
@@ -48,8 +48,10 @@ class SamplerTurn(Event):
     is never fed back); the rows before ``routing_start`` are the previous turn's, computed under the same
     policy version (a turn of a new version records all its rows: its prefix was prefilled, and routed, anew).
     None when the backend did not capture routing. ``t1_actors.tito.expand_turns`` rebuilds whole records, so a
-    trajectory of N turns stores each position once instead of about N/2 times. ``token_versions`` gives the policy version per sampled token when
-    a generation spans versions (partial-rollout continuation); None means all are ``policy_version``.
+    trajectory of N turns stores each position once instead of about N/2 times.
+
+    ``token_versions`` gives the policy version per sampled token when a generation spans versions
+    (partial-rollout continuation); None means all are ``policy_version``.
     ``engine``, ``engine_version``, ``engine_start_id``: which engine served the turn (torch, sglang), its
     version, and which start of it (None in logs written before version 2). ``error``: why a turn with
     ``finish_reason='error'`` failed (the engine was unreachable or died): an infrastructure failure.
@@ -59,13 +61,13 @@ class SamplerTurn(Event):
     schema_version = 3  # 2 adds engine, engine_version, engine_start_id, error; 3 prefix_len, routing_start
     trial_id: str
     turn: int = Field(ge=0)
-    prompt_ids: Array("int32")
+    prompt_ids: Int32Array
     prefix_len: int = Field(0, ge=0)
     routing_start: int = Field(0, ge=0)
-    sampled_ids: Array("int32")
-    sampler_logprobs: Array("float32")
+    sampled_ids: Int32Array
+    sampler_logprobs: Float32Array
     routing: RoutingArray | None = None
-    token_versions: Array("int32") | None = None
+    token_versions: Int32Array | None = None
     policy_version: int = Field(ge=0)
     finish_reason: Literal["stop", "length", "cancelled", "error"]
     temperature: float = Field(gt=0)
@@ -76,7 +78,7 @@ class SamplerTurn(Event):
     engine_start_id: str | None = None
     error: str | None = None
 
-    def model_post_init(self, _ctx) -> None:
+    def model_post_init(self, _ctx: Any) -> None:
         from schemas.base import SchemaError
 
         n = len(self.sampled_ids)
@@ -179,17 +181,17 @@ class TrajectoryAssembled(Event):
     trial_id: str
     chunk: int = Field(ge=0)
     task_id: str
-    token_ids: Array("int32")
-    loss_mask: Array("uint8")
-    sampler_logprobs: Array("float32")
+    token_ids: Int32Array
+    loss_mask: UInt8Array
+    sampler_logprobs: Float32Array
     routing: RoutingArray | None = None
-    token_versions: Array("int32")
+    token_versions: Int32Array
     boundary_cases: list[Literal["strict", "normalized", "retokenized", "split", "version"]]
     reward: float
     policy_version: int = Field(ge=0)  # the oldest version that produced a loss token
     turns: int = Field(ge=0)
 
-    def model_post_init(self, _ctx) -> None:
+    def model_post_init(self, _ctx: Any) -> None:
         from schemas.base import SchemaError
 
         n = len(self.token_ids)
@@ -209,7 +211,7 @@ class CriticValues(Event):
     kind = "critic_values"
     trial_id: str
     chunk: int = Field(ge=0)
-    values: Array("float32")
+    values: Float32Array
     critic_version: int = Field(ge=0)
 
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from schemas.base import Array, Record, RoutingArray
+from schemas.base import Float32Array, Int32Array, Record, RoutingArray
 from schemas.registry import register
 
 
@@ -76,7 +76,7 @@ class GenerateRequest(Message):
     kind = "generate_request"
     trial_id: str
     turn: int = Field(ge=0)
-    input_ids: Array("int32")
+    input_ids: Int32Array
     max_new_tokens: int = Field(gt=0)
     temperature: float = Field(gt=0)
     top_p: float = Field(gt=0, le=1)
@@ -96,8 +96,8 @@ class GenerateReply(Message):
     kind = "generate_reply"
     trial_id: str
     turn: int
-    output_ids: Array("int32")
-    logprobs: Array("float32")
+    output_ids: Int32Array
+    logprobs: Float32Array
     routing: RoutingArray | None = None
     routing_start: int = Field(0, ge=0)  # the first position ``routing`` covers; the rows before are the caller's
     policy_version: int

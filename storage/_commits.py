@@ -24,6 +24,7 @@ import os
 import weakref
 
 import google_crc32c
+from zarr.abc.store import Store
 
 from storage import _store
 from storage._format import COMMIT_BATCH, commit_key, segment_dir
@@ -41,7 +42,7 @@ MAX_RECORD = 1 << 26  # a commit record is a few KB: a longer frame is a damaged
 class KeyCommits:
     """Commit records as ``segments/<writer>/commits/<seq>`` keys, fetched in batches."""
 
-    def __init__(self, store, writer_id: str):
+    def __init__(self, store: Store, writer_id: str):
         self._store, self.writer_id = store, writer_id
         self.count = 0  # records read (reader) or present (writer)
 
@@ -102,6 +103,8 @@ class FileCommits:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT if write else os.O_RDONLY, 0o644)
         except (FileNotFoundError, NotADirectoryError):
+            if write:
+                raise
             return None  # no commit yet
         self.close()
         self._fd, self._writable = fd, write
@@ -123,7 +126,7 @@ class FileCommits:
             else:
                 self.framing = 1
         header = FRAME_HEADER if self.framing == 2 else _OLD_FRAME
-        found = []
+        found: list[bytes] = []
         while pos + header <= len(data):
             length = int.from_bytes(data[pos:pos + 4], "little")
             where = f"commit record {self.count + len(found)}: frame at byte {self.offset + pos} of {self.path}"
@@ -146,6 +149,7 @@ class FileCommits:
 
     def append(self, record: bytes) -> list[str]:
         fd = self._open(True)
+        assert fd is not None  # opening to write creates the file or raises
         if self.offset == 0:
             self.framing = 2  # nothing whole in the file yet: it starts (again) in the current framing
         if os.fstat(fd).st_size != self.offset:
@@ -173,5 +177,5 @@ class FileCommits:
             self._fd = None
 
 
-def commit_channel(store, writer_id: str) -> KeyCommits | FileCommits:
+def commit_channel(store: Store, writer_id: str) -> KeyCommits | FileCommits:
     return FileCommits(store, writer_id) if isinstance(store, PackedStore) else KeyCommits(store, writer_id)

@@ -46,7 +46,7 @@ class Cursor:
                     fresh.append((reader.meta[seq].ts, writer, seq))
             fresh.sort()  # per writer, append times never decrease: a prefix of this is a prefix per writer
             position = dict(self._position)
-            chosen = []
+            chosen: list[tuple[str, int]] = []
             for _, writer, seq in fresh:
                 if max_events is not None and len(chosen) >= max_events:
                     break

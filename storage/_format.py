@@ -24,6 +24,7 @@ import functools
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import google_crc32c
 import msgpack
@@ -52,7 +53,8 @@ def commit_key(writer_id: str, seq: int) -> str:
 
 def crc32c(rows: np.ndarray, crc: int = 0) -> int:
     """CRC-32C of the rows' bytes, continuing from ``crc`` (the checksum of the bytes before them)."""
-    return google_crc32c.extend(crc, np.ascontiguousarray(rows))
+    extended: int = google_crc32c.extend(crc, np.ascontiguousarray(rows))
+    return extended
 
 
 def pieces(rows: np.ndarray, first_row: int, chunk_rows: int) -> list[list[int]]:
@@ -91,12 +93,17 @@ class RoutingShape:
         info = np.iinfo(self.dtype)
         return info.min >= 0 and info.max < self.num_experts
 
-    def to_attrs(self) -> dict:
+    def to_attrs(self) -> dict[str, Any]:
         return {"layers": self.layers, "k": self.k, "num_experts": self.num_experts, "dtype": self.dtype.name}
 
     @classmethod
-    def from_attrs(cls, attrs: dict | None) -> RoutingShape | None:
-        return None if not attrs else cls(int(attrs["layers"]), int(attrs["k"]), int(attrs["num_experts"]))
+    def from_attrs(cls, attrs: object) -> RoutingShape | None:
+        """The shape a segment's ``routing`` attribute holds (JSON as zarr reads it); None when it holds none."""
+        if not attrs:
+            return None
+        if not isinstance(attrs, dict):
+            raise ValueError(f"a segment's routing attribute is {attrs!r}, not a table")
+        return cls(int(attrs["layers"]), int(attrs["k"]), int(attrs["num_experts"]))
 
 
 @dataclass
@@ -116,7 +123,8 @@ class Commit:
             "ends": self.ends, "checksums": {k: [list(p) for p in v] for k, v in self.checksums.items()},
             "time": self.time, "format": FORMAT,
         }, use_bin_type=True)
-        return msgpack.packb([FORMAT, body, zlib.crc32(body)], use_bin_type=True)
+        record: bytes = msgpack.packb([FORMAT, body, zlib.crc32(body)], use_bin_type=True)
+        return record
 
     @classmethod
     def decode(cls, data: bytes) -> Commit:
@@ -138,7 +146,7 @@ class Commit:
                    checksums={k: [(int(c), int(s)) for c, s in v] for k, v in obj["checksums"].items()})
 
 
-def stream_name(dtype: np.dtype) -> str:
+def stream_name(dtype: np.dtype | str) -> str:
     """The array that holds 1-D payloads of this dtype."""
     return dtype_name(dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))
 
@@ -148,7 +156,7 @@ def rows_per_chunk(chunk_bytes: int, row_bytes: int) -> int:
 
 
 def create_array(group: zarr.Group, name: str, dtype: np.dtype, inner: tuple[int, ...],
-                 config: StorageConfig) -> zarr.Array:
+                 config: StorageConfig) -> zarr.Array[Any]:
     """A fresh append-only array of a segment, chunked along its first axis."""
     dtype = np.dtype(dtype)
     row_bytes = dtype.itemsize * math.prod(inner)

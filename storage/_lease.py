@@ -30,8 +30,11 @@ import os
 import socket
 import time
 import uuid
+from typing import Any, TypeGuard
 
+from zarr.abc.store import Store
 from zarr.core.sync import sync
+from zarr.storage import FsspecStore
 
 from storage.errors import LogError, WriterBusy
 
@@ -39,20 +42,20 @@ LEASE_FILE = "writer.lease"
 DEFAULT_LEASE_S = 30.0
 
 
-def is_s3(store) -> bool:
+def is_s3(store: Store) -> TypeGuard[FsspecStore]:
     """An fsspec store over S3 (s3fs): where conditional puts replace the directory's ``flock``."""
     fs = getattr(store, "fs", None)
     protocol = getattr(fs, "protocol", ())
     return "s3" in (protocol if isinstance(protocol, (tuple, list)) else (protocol,))
 
 
-def _bucket_key(store, key: str) -> tuple[str, str]:
+def _bucket_key(store: FsspecStore, key: str) -> tuple[str, str]:
     path = f"{store.path.rstrip('/')}/{key}"
     bucket, _, rest = path.partition("/")
     return bucket, rest
 
 
-def conditional_put(store, key: str, data: bytes, *, if_match: str | None = None) -> str:
+def conditional_put(store: FsspecStore, key: str, data: bytes, *, if_match: str | None = None) -> str:
     """Put ``key`` only if absent (or, with ``if_match``, only if its ETag is that one); the new ETag.
     ``FileExistsError`` / ``PermissionError`` when the precondition does not hold."""
     bucket, name = _bucket_key(store, key)
@@ -65,10 +68,11 @@ def conditional_put(store, key: str, data: bytes, *, if_match: str | None = None
         if "pre-condition" in str(exc).lower() or "precondition" in str(exc).lower():
             raise PermissionError(f"s3://{bucket}/{name} changed since ETag {if_match}") from None
         raise
-    return reply["ETag"]
+    etag: str = reply["ETag"]
+    return etag
 
 
-def _read(store, key: str) -> tuple[dict | None, str | None]:
+def _read(store: FsspecStore, key: str) -> tuple[dict[str, Any] | None, str | None]:
     bucket, name = _bucket_key(store, key)
     try:
         reply = sync(store.fs._call_s3("get_object", Bucket=bucket, Key=name))
@@ -84,7 +88,7 @@ def _read(store, key: str) -> tuple[dict | None, str | None]:
 class S3Lease:
     """The lease of one segment (see the module docstring)."""
 
-    def __init__(self, store, segment_dir: str, writer_id: str, lease_s: float = DEFAULT_LEASE_S):
+    def __init__(self, store: FsspecStore, segment_dir: str, writer_id: str, lease_s: float = DEFAULT_LEASE_S):
         self.store, self.writer_id, self.lease_s = store, writer_id, lease_s
         self.key = f"{segment_dir}/{LEASE_FILE}"
         self.holder = uuid.uuid4().hex
@@ -136,7 +140,7 @@ class S3Lease:
                 pass  # replaced meanwhile: the new holder's now
 
 
-def check_bucket(store, url: str) -> None:
+def check_bucket(store: FsspecStore, url: str) -> None:
     """A clear error for a missing bucket, bad credentials or an unreachable endpoint, naming the URL."""
     bucket, _ = _bucket_key(store, "")
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS's default"

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import trio
 import zarr
+from zarr.abc.store import Store
 
 from schemas.events import Event
 from storage import _store
@@ -50,7 +51,7 @@ class EventLog:
     Thread-safe for reading; each segment has exactly one ``SegmentWriter``.
     """
 
-    def __init__(self, store, config: StorageConfig):
+    def __init__(self, store: Store, config: StorageConfig):
         self.store = store
         self.config = config
         self._segments: dict[str, SegmentReader] = {}

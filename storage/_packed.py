@@ -19,14 +19,16 @@ into the pack file (``pack_file`` says where), which is what makes appends as fa
 from __future__ import annotations
 
 import asyncio
+import builtins
 import ctypes
 import ctypes.util
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
@@ -113,7 +115,8 @@ class PackedStore(LocalStore):
         prototype = prototype or default_buffer_prototype()
         return None if data is None else prototype.buffer.from_bytes(_slice(data, byte_range))
 
-    async def get_partial_values(self, prototype, key_ranges):
+    async def get_partial_values(self, prototype: BufferPrototype,
+                                 key_ranges: Iterable[tuple[str, ByteRequest | None]]) -> builtins.list[Buffer | None]:
         return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
 
     async def set(self, key: str, value: Buffer) -> None:
@@ -192,7 +195,7 @@ class PackedStore(LocalStore):
         for chunk in range(_chunks_present(layout)):  # the chunk directory lists chunk indices
             yield str(chunk)
 
-    def _expand(self, key: str) -> list[str]:
+    def _expand(self, key: str) -> builtins.list[str]:  # builtins: ``list`` here is the Store method
         """A listed file as zarr sees it: the pack file stands for the chunks it holds."""
         head, _, name = key.rpartition("/")
         if name != PACK_NAME or not head.endswith("/c"):
@@ -208,7 +211,7 @@ class PackedStore(LocalStore):
             self._layouts.pop(key.rpartition("/")[0], None)
 
 
-def _layout(directory: Path, array_path: str, meta: dict) -> PackLayout | None:
+def _layout(directory: Path, array_path: str, meta: dict[str, Any]) -> PackLayout | None:
     if meta.get("node_type") != "array" or not (meta.get("attributes") or {}).get(PACKED_ATTR):
         return None
     shape = meta["shape"]
@@ -253,7 +256,7 @@ def _read_chunk(layout: PackLayout, chunk: int) -> bytes | None:
     return data + bytes(layout.chunk_bytes - len(data)) if len(data) < layout.chunk_bytes else data
 
 
-def _write_chunk(layout: PackLayout, chunk: int, data) -> None:
+def _write_chunk(layout: PackLayout, chunk: int, data: bytes | bytearray | memoryview) -> None:
     view = memoryview(data).cast("B")
     if len(view) != layout.chunk_bytes:
         raise ValueError(f"chunk {chunk} of {layout.path.parent.parent}: {len(view)} bytes, "
@@ -283,12 +286,13 @@ def _slice(data: bytes, byte_range: ByteRequest | None) -> bytes:
     raise TypeError(f"unexpected byte range {byte_range!r}")
 
 
-def pwrite_all(fd: int, data, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview | np.ndarray, offset: int) -> None:
     """``os.pwrite`` until every byte is written (a regular file may take fewer bytes per call).
     ``data``: bytes or a C-contiguous array."""
-    written = os.pwrite(fd, data, offset)
+    buffer = data.data if isinstance(data, np.ndarray) else data  # an array's own memory: ndarray.data
+    written = os.pwrite(fd, buffer, offset)
     if written < (data.nbytes if isinstance(data, np.ndarray) else len(data)):  # rare: go on byte-wise
-        view = memoryview(data).cast("B")[written:]
+        view = memoryview(buffer).cast("B")[written:]
         offset += written
         while view:
             written = os.pwrite(fd, view, offset)
@@ -297,7 +301,7 @@ def pwrite_all(fd: int, data, offset: int) -> None:
 
 def pread_into(fd: int, out: np.ndarray, offset: int) -> int:
     """Fill the C-contiguous ``out`` from byte ``offset``; returns the bytes read (short at EOF)."""
-    view = memoryview(out).cast("B")
+    view = out.data.cast("B")  # ndarray.data: memoryview(out)
     done = 0
     while done < len(view):
         got = os.preadv(fd, [view[done:]], offset + done)
@@ -309,10 +313,10 @@ def pread_into(fd: int, out: np.ndarray, offset: int) -> int:
 
 _FALLOC_FL_KEEP_SIZE = 1
 _EXT4_MAGIC = 0xEF53
-_libc = None  # looked up on first use; False where there is none
+_libc: ctypes.CDLL | Literal[False] | None = None  # looked up on first use; False where there is none
 
 
-def _lib():
+def _lib() -> ctypes.CDLL | Literal[False]:
     global _libc
     if _libc is None:
         try:
@@ -341,4 +345,4 @@ def reserve(fd: int, offset: int, length: int) -> bool:
     """Allocate the disk blocks of ``[offset, offset + length)`` without changing the file size
     (``fallocate(FALLOC_FL_KEEP_SIZE)``); False if that failed (the write then allocates as usual)."""
     lib = _lib()
-    return bool(lib) and lib.fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0
+    return lib is not False and lib.fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0

@@ -8,20 +8,26 @@ the crcs its header carries (each piece lies in one chunk, so a mismatch names t
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import zarr
+from zarr.abc.store import Store
 
-from schemas import Record, SchemaError, unpack
+from schemas import SchemaError, unpack
 from schemas.codec import from_wire
+from schemas.events import Event
 from storage._commits import commit_channel
 from storage._format import HEADERS, ROUTING, Commit, crc32c, segment_dir
 from storage._packed import PackedStore
 from storage._rows import PackedRows, ZarrRows
 from storage.config import StorageConfig
 from storage.errors import CorruptionError
+
+Pieces = Sequence[Sequence[int]]  # an array's checksum pieces in an event header: [(chunk, crc32c), ...]
+Entry = tuple[str, str, int, list[int], Pieces, int]  # (field, array, first row, shape, pieces, rows)
+Run = list[tuple[int, dict[str, Any], list[Entry]]]  # consecutive events (seq, header, entries)
 
 
 class EventMeta(NamedTuple):
@@ -35,7 +41,7 @@ class EventMeta(NamedTuple):
 class SegmentReader:
     """What the commit records of one segment say: events, their headers, and checked array reads."""
 
-    def __init__(self, store, writer_id: str, config: StorageConfig):
+    def __init__(self, store: Store, writer_id: str, config: StorageConfig):
         self.writer_id = writer_id
         self._store = store
         self._config = config
@@ -100,7 +106,7 @@ class SegmentReader:
         start = self._header_ends[seq - 1] if seq else 0
         end = self._header_ends[seq]
         try:
-            header = unpack(self.read_rows(HEADERS, start, end).tobytes())
+            header: dict[str, Any] = unpack(self.read_rows(HEADERS, start, end).tobytes())
             if header["s"] != seq:
                 raise ValueError(f"header says event {header['s']}")
         except CorruptionError:
@@ -174,7 +180,7 @@ class SegmentReader:
             raise CorruptionError(self.writer_id, name, chunk,
                                   f"checksum mismatch (crc32c {actual:08x}, committed {expected:08x})")
 
-    def check_pieces(self, name: str, offset: int, rows: np.ndarray, pieces: list) -> list[int]:
+    def check_pieces(self, name: str, offset: int, rows: np.ndarray, pieces: Pieces) -> list[int]:
         """Check payload rows (starting at row ``offset``) against their header's per-chunk pieces;
         returns the chunks checked."""
         chunk_rows = self._source(name).chunk_rows
@@ -195,9 +201,9 @@ class SegmentReader:
                                   "an event header's checksum pieces do not cover its rows")
         return checked
 
-    def _entries(self, seq: int, header: dict) -> list[tuple[str, str, int, list[int], list, int]]:
+    def _entries(self, seq: int, header: dict[str, Any]) -> list[Entry]:
         """An event's payloads as (field, array, first row, shape, pieces, rows)."""
-        out = []
+        out: list[Entry] = []
         for fieldname, entry in header.get("a", {}).items():
             try:
                 name, offset, shape, pieces = entry
@@ -208,7 +214,7 @@ class SegmentReader:
             out.append((fieldname, name, offset, shape, pieces, count))
         return out
 
-    def _read_run(self, run: list[tuple[int, dict, list]]) -> tuple[list[dict[str, np.ndarray]], dict[str, set[int]]]:
+    def _read_run(self, run: Run) -> tuple[list[dict[str, np.ndarray]], dict[str, set[int]]]:
         """Checked payloads of a run of consecutive events ``(seq, header, entries)``: each array's rows
         for all of them in one read, each event's arrays views of that block. Also the chunks checked
         per array."""
@@ -218,7 +224,8 @@ class SegmentReader:
                 span = spans.setdefault(name, [offset, offset + count])
                 span[0], span[1] = min(span[0], offset), max(span[1], offset + count)
         blocks = {name: self.read_rows(name, lo, hi) for name, (lo, hi) in spans.items()}
-        out, checked = [], {}
+        out: list[dict[str, np.ndarray]] = []
+        checked: dict[str, set[int]] = {}
         for _, _, entries in run:
             arrays = {}
             for fieldname, name, offset, shape, pieces, count in entries:
@@ -229,10 +236,10 @@ class SegmentReader:
             out.append(arrays)
         return out, checked
 
-    def _runs(self, seqs: list[int]) -> Iterator[list[tuple[int, dict, list]]]:
+    def _runs(self, seqs: list[int]) -> Iterator[Run]:
         """``seqs`` as runs of consecutive events ``(seq, header, entries)`` of at most
         ``read_block_bytes`` of payload (each header decoded once)."""
-        run: list[tuple[int, dict, list]] = []
+        run: Run = []
         size = 0
         for seq in seqs:
             header = self.header(seq)
@@ -246,22 +253,26 @@ class SegmentReader:
         if run:
             yield run
 
-    def load_many(self, seqs: list[int]) -> list[Record]:
+    def load_many(self, seqs: list[int]) -> list[Event]:
         """Committed events ``seqs``, arrays bit-exact as appended. Consecutive events are read
         together, one read per array for up to ``read_block_bytes`` (their arrays share that block)."""
-        records = []
+        records: list[Event] = []
         for run in self._runs(seqs):
             for (seq, header, _), arrays in zip(run, self._read_run(run)[0]):
                 try:
-                    records.append(from_wire({"t": header["t"], "v": header["v"], "f": {**header["f"], **arrays}}))
+                    record = from_wire({"t": header["t"], "v": header["v"], "f": {**header["f"], **arrays}})
                 except SchemaError:
                     raise
                 except Exception as exc:
                     raise CorruptionError(self.writer_id, HEADERS, None,
                                           f"event {seq} cannot be rebuilt ({exc})") from None
+                if not isinstance(record, Event):  # the writer appends events only
+                    raise CorruptionError(self.writer_id, HEADERS, None,
+                                          f"event {seq} is a {type(record).__name__}, not an event")
+                records.append(record)
         return records
 
-    def load(self, seq: int) -> Record:
+    def load(self, seq: int) -> Event:
         """The committed event ``seq`` of this segment, arrays bit-exact as appended."""
         return self.load_many([seq])[0]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from typing import Any
 
 import numpy as np
 import zarr
@@ -16,14 +17,14 @@ from storage.errors import CorruptionError
 class ZarrRows:
     """Rows through zarr's codec pipeline (chunks fetched and decoded concurrently)."""
 
-    def __init__(self, array: zarr.Array, segment: str, name: str):
+    def __init__(self, array: zarr.Array[Any], segment: str, name: str):
         self.array, self.segment, self.name = array, segment, name
         self.chunk_rows = array.chunks[0]
         self.row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:]))
 
     def read(self, lo: int, hi: int) -> np.ndarray:
         try:
-            return self.array[lo:hi]
+            return np.asarray(self.array[lo:hi])  # the array zarr returns, typed as one
         except Exception:
             pass  # a damaged chunk in the range: decode one by one to name it
         rows = self.chunk_rows
@@ -33,7 +34,7 @@ class ZarrRows:
             except Exception as exc:
                 raise CorruptionError(self.segment, self.name, c,
                                       f"chunk cannot be decoded ({type(exc).__name__}: {exc})") from None
-        return self.array[lo:hi]
+        return np.asarray(self.array[lo:hi])
 
 
 class PackedRows:

@@ -41,7 +41,7 @@ def open_store(location: Any) -> Store:
         if "://" in text and not text.startswith("file://"):
             from storage._lease import check_bucket, is_s3
 
-            options = None
+            options: dict[str, Any] | None = None
             if text.startswith(("s3://", "s3a://")):
                 # a log is read while it grows: fsspec's cached directory listings would hide new segments
                 options = {"use_listings_cache": False}
@@ -81,15 +81,16 @@ def get(store: Store, key: str) -> bytes | None:
     return None if buf is None else buf.to_bytes()
 
 
-def get_json(store: Store, key: str) -> dict | None:
+def get_json(store: Store, key: str) -> dict[str, Any] | None:
     """A JSON document (zarr metadata) at ``key``, or None if there is none."""
     data = get(store, key)
     if data is None:
         return None
     try:
-        return json.loads(data)
+        document: dict[str, Any] = json.loads(data)
     except ValueError as exc:
         raise ValueError(f"{describe(store)}/{key} is not valid JSON ({exc})") from None
+    return document
 
 
 def get_many(store: Store, keys: list[str]) -> list[bytes | None]:
@@ -97,7 +98,7 @@ def get_many(store: Store, keys: list[str]) -> list[bytes | None]:
     if isinstance(store, zarr.storage.LocalStore):
         return [get(store, key) for key in keys]
 
-    async def fetch_all():
+    async def fetch_all() -> list[bytes | None]:
         bufs = await asyncio.gather(*(store.get(k, default_buffer_prototype()) for k in keys))
         return [None if b is None else b.to_bytes() for b in bufs]
     return sync(fetch_all())
@@ -133,14 +134,14 @@ def put(store: Store, key: str, data: bytes) -> None:
     sync(store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
 
 
-def write_chunks(writes: list[tuple[zarr.Array, int, Any]]) -> None:
+def write_chunks(writes: list[tuple[zarr.Array[Any], int, Any]]) -> None:
     """Write whole chunks ``(array, first row, rows of exactly one chunk)``, all concurrently in one
     round trip. Each is an exact-chunk write, so zarr encodes the given rows as they are (a
     multi-chunk write would first copy every chunk into a fill-value buffer)."""
     if not writes:
         return
 
-    async def write_all():
+    async def write_all() -> None:
         await asyncio.gather(*(array.async_array.setitem(slice(row, row + len(rows)), rows)
                                for array, row, rows in writes))
     sync(write_all())
@@ -155,7 +156,7 @@ def list_dir(store: Store, prefix: str) -> list[str]:
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    async def collect():
+    async def collect() -> list[str]:
         return [name async for name in store.list_dir(prefix)]
     return sync(collect())
 
@@ -252,7 +253,7 @@ class Fsync:
             fsync_path(directory, os.O_RDONLY | os.O_DIRECTORY)
 
 
-def fsync_path(path, flags: int) -> None:
+def fsync_path(path: str | os.PathLike[str], flags: int) -> None:
     fd = os.open(path, flags)
     try:
         os.fsync(fd)

@@ -5,6 +5,7 @@ the CRC-32C of each chunk's rows written since the last commit."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 import zarr
@@ -18,7 +19,7 @@ class ChunkStream:
     """One array written through zarr: rows [start, end) are held in memory, where ``start`` is
     chunk-aligned, so every store write is a whole chunk (the tail chunk padded)."""
 
-    def __init__(self, array: zarr.Array, end: int, held: np.ndarray, checksum: bool):
+    def __init__(self, array: zarr.Array[Any], end: int, held: np.ndarray, checksum: bool):
         self.array = array
         self.chunk_rows = array.chunks[0]
         self.start = (end // self.chunk_rows) * self.chunk_rows
@@ -42,7 +43,7 @@ class ChunkStream:
             self.pieces = [np.concatenate(self.pieces)] if self.pieces else []
         return self.pieces[0] if self.pieces else np.empty((0, *self.array.shape[1:]), self.array.dtype)
 
-    def full_chunks(self) -> list[tuple[zarr.Array, int, np.ndarray]]:
+    def full_chunks(self) -> list[tuple[zarr.Array[Any], int, np.ndarray]]:
         """Take every whole chunk held (as writes for ``_store.write_chunks``)."""
         full = (self.end - self.start) // self.chunk_rows * self.chunk_rows
         if full == 0:
@@ -62,7 +63,7 @@ class ChunkStream:
         self.stored = max(self.stored, self.start)
         return writes
 
-    def commit_writes(self) -> list[tuple[zarr.Array, int, np.ndarray]]:
+    def commit_writes(self) -> list[tuple[zarr.Array[Any], int, np.ndarray]]:
         """What a commit writes: the whole chunks held, then the partial last chunk padded to a whole
         chunk if it has rows not yet stored (a commit rewrites it as it fills; the committed rows in
         it never change)."""
@@ -140,10 +141,10 @@ class PackedStream:
         self.touched = True
         return offset
 
-    def full_chunks(self) -> list:
+    def full_chunks(self) -> list[tuple[zarr.Array[Any], int, np.ndarray]]:
         return []  # every row is in the file already
 
-    def commit_writes(self) -> list:
+    def commit_writes(self) -> list[tuple[zarr.Array[Any], int, np.ndarray]]:
         return []
 
     def fsync(self) -> None:
@@ -159,11 +160,11 @@ class PackedStream:
 
     def close(self) -> None:
         """Release the file, dropping rows never committed (what a reopened writer would do)."""
-        if self._fd is not None:
+        if self._fd >= 0:
             try:
                 size = self._committed * self.row_bytes
                 if os.fstat(self._fd).st_size != size:
                     os.ftruncate(self._fd, size)
             finally:
                 os.close(self._fd)
-                self._fd = None
+                self._fd = -1  # closed

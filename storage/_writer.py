@@ -6,11 +6,13 @@ import errno
 import os
 import threading
 import time
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 import trio
 import zarr
+from zarr.abc.store import Store
 
 from schemas import SchemaError, known_kinds, lookup, pack
 from schemas.events import Event
@@ -41,7 +43,7 @@ class SegmentWriter:
     committed; opening the same writer id again resumes after the last commit.
     """
 
-    def __init__(self, store, writer_id: str, *, routing: RoutingShape | None, config: StorageConfig):
+    def __init__(self, store: Store, writer_id: str, *, routing: RoutingShape | None, config: StorageConfig):
         if not isinstance(writer_id, str) or not _store.WRITER_ID.match(writer_id) or writer_id == "zarr.json":
             raise ValueError(f"writer id {writer_id!r} is not valid: use 1-128 characters from "
                              "[A-Za-z0-9_.-], starting with a letter or digit (e.g. 'sampler-0')")
@@ -51,7 +53,8 @@ class SegmentWriter:
         self._lock = threading.RLock()  # aappend/acommit run in worker threads
         self._broken: str | None = None
         self._fsync = _store.Fsync(store, config.fsync)
-        self._holder = _store.WriterLock(store, segment_dir(writer_id), writer_id, lease_s=config.lease_s)
+        self._holder: _store.WriterLock | None = _store.WriterLock(store, segment_dir(writer_id), writer_id,
+                                                                   lease_s=config.lease_s)
         try:
             self._open(routing)
         except BaseException:
@@ -85,7 +88,7 @@ class SegmentWriter:
         self._last_time = reader.last_time
         self._streams: dict[str, ChunkStream | PackedStream] = {}
         for name, end in reader.ends.items():
-            self._streams[name] = self._open_stream(name, group[name], end, reader)
+            self._streams[name] = self._open_stream(name, _array(group, name), end, reader)
         self._chunked = any(isinstance(s, ChunkStream) for s in self._streams.values())  # chunks to write
         for name, (dtype, inner) in self._expected_arrays().items():  # made now, not by the first append
             self._stream(name, dtype, inner)
@@ -94,7 +97,7 @@ class SegmentWriter:
     def _expected_arrays(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         """The arrays events will go to: headers, routing (with a routing shape), and one per dtype
         of the events' 1-D payloads."""
-        arrays = {HEADERS: (np.dtype(np.uint8), ())}
+        arrays: dict[str, tuple[np.dtype, tuple[int, ...]]] = {HEADERS: (np.dtype(np.uint8), ())}
         if self.routing is not None:
             arrays[ROUTING] = (self.routing.dtype, (self.routing.layers, self.routing.k))
         for kind in known_kinds():
@@ -105,12 +108,15 @@ class SegmentWriter:
                         arrays.setdefault(stream_name(spec.dtypes[0]), (np.dtype(spec.dtypes[0]), ()))
         return arrays
 
-    def _open_stream(self, name: str, array: zarr.Array, end: int,
+    def _open_stream(self, name: str, array: zarr.Array[Any], end: int,
                      reader: SegmentReader | None) -> ChunkStream | PackedStream:
         """The stream of an array whose first ``end`` rows are committed (``reader`` reads them)."""
         chunk_rows = array.chunks[0]
         start = (end // chunk_rows) * chunk_rows
-        tail = reader.read_rows(name, start, end) if end > start else array[0:0]  # headers come back checked
+        tail = np.asarray(array[0:0])
+        if end > start:
+            assert reader is not None, "committed rows are read back through the segment's reader"
+            tail = reader.read_rows(name, start, end)  # headers come back checked
         checksum = name == HEADERS  # payload pieces are checksummed in the event headers instead
         layout = self._store.pack_file(array.path) if isinstance(self._store, PackedStore) else None
         if layout is not None:
@@ -121,9 +127,8 @@ class SegmentWriter:
     def _stream(self, name: str, dtype: np.dtype, inner: tuple[int, ...]) -> ChunkStream | PackedStream:
         stream = self._streams.get(name)
         if stream is None:
-            array = self._group.get(name)
-            if array is None:
-                array = create_array(self._group, name, dtype, inner, self._config)
+            array = (_array(self._group, name) if name in self._group
+                     else create_array(self._group, name, dtype, inner, self._config))
             stream = self._streams[name] = self._open_stream(name, array, 0, None)
             self._chunked = self._chunked or isinstance(stream, ChunkStream)
         return stream
@@ -136,7 +141,9 @@ class SegmentWriter:
             self._check_usable()
             payloads, header = self._prepare(event)
             # where each payload goes and its checksums, then the header, all before anything is written
-            header["a"], writes, ends = {}, [], {}  # field -> [array, first row, shape, [[chunk, crc32c], ...]]
+            header["a"] = {}  # field -> [array, first row, shape, [[chunk, crc32c], ...]]
+            writes: list[tuple[ChunkStream | PackedStream, np.ndarray]] = []
+            ends: dict[str, int] = {}
             for fieldname, (name, rows, shape) in payloads.items():
                 stream = self._stream(name, rows.dtype, rows.shape[1:])
                 offset = ends.get(name, stream.end)  # two payloads of one dtype follow each other
@@ -163,7 +170,7 @@ class SegmentWriter:
                 raise
             return f"{self.writer_id}:{header['s']}"
 
-    def _prepare(self, event: Any) -> tuple[dict[str, tuple[str, np.ndarray, list[int]]], dict]:
+    def _prepare(self, event: Any) -> tuple[dict[str, tuple[str, np.ndarray, list[int]]], dict[str, Any]]:
         """Validate the event: its payloads as (array, rows, shape) and its header (without array
         locations). Nothing is touched."""
         if not isinstance(event, Event):
@@ -217,13 +224,13 @@ class SegmentWriter:
     def commit(self) -> int:
         """Make every appended event visible at once; returns how many. Chunks first, record last."""
         with self._lock:
-            self._check_usable()
+            holder = self._check_usable()
             if not self._pending_headers:
                 return 0
             try:
                 # S3: the lease still ours (renewed) before any chunk is written, else refused here, so a
                 # writer that stalled past its lease cannot overwrite its successor's chunks
-                self._holder.before_commit()
+                holder.before_commit()
                 streams = self._streams.values()
                 _store.write_chunks([w for stream in streams for w in stream.commit_writes()])
                 if self._config.fsync:
@@ -286,17 +293,20 @@ class SegmentWriter:
                 self._holder.release()
                 self._holder = None
 
-    def _check_usable(self) -> None:
+    def _check_usable(self) -> _store.WriterLock:
+        """The writer's lock, when it is open and has not failed; else LogError."""
         if self._holder is None:
             raise LogError(f"writer {self.writer_id!r} is closed; open a new one with log.writer(...)")
         if self._broken is not None:
             raise LogError(f"writer {self.writer_id!r} failed earlier ({self._broken}); close it and reopen "
                            "log.writer(...) to resume from the last commit")
+        return self._holder
 
     def __enter__(self) -> SegmentWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc_type is None:
             self.close()
         else:
@@ -330,8 +340,17 @@ class SegmentWriter:
     async def __aenter__(self) -> SegmentWriter:
         return self
 
-    async def __aexit__(self, exc_type, exc, tb) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         if exc_type is None:
             await self.aclose()
         else:
             self.abandon()
+
+
+def _array(group: zarr.Group, name: str) -> zarr.Array[Any]:
+    """The segment's array ``name`` (a group there is a damaged segment)."""
+    node = group[name]
+    if not isinstance(node, zarr.Array):
+        raise LogError(f"{group.path}/{name} is a group, not one of the segment's arrays")
+    return node

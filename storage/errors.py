@@ -47,9 +47,10 @@ class DiskFull(LogError, OSError):
     def __init__(self, segment: str, stage: str, commits: int, problem: str):
         self.segment = segment
         self.stage = stage
-        OSError.__init__(self, 28, f"event log full: segment {segment!r}, during {stage}: {problem}; the "
-                         f"{commits} commits before are intact; this writer stops: free space, then reopen "
-                         f"log.writer({segment!r}) to resume from the last commit")
+        self.message = (f"event log full: segment {segment!r}, during {stage}: {problem}; the {commits} commits "
+                        f"before are intact; this writer stops: free space, then reopen log.writer({segment!r}) "
+                        "to resume from the last commit")
+        OSError.__init__(self, 28, self.message)
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.message

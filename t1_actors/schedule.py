@@ -1,4 +1,5 @@
-"""The campaign's phases and their budgets (``[campaign]``), and the schedule, as the staleness controller plays it over ``TrialPorts``:
+"""The campaign's phases and their budgets (``[campaign]``), and the schedule, as the staleness controller
+plays it over ``TrialPorts``:
 
     eval of the SFT policy -> warm-up trials + the critic's warm-up -> asynchronous PPO -> eval of the RL policy
 

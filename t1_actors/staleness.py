@@ -4,7 +4,8 @@ It plays the campaign's schedule (``t1_actors.schedule``: SFT eval, warm-up and 
 asynchronous PPO, RL eval; each phase skipped on restart when the log shows it done; the trials a killed
 predecessor left open are closed with their reason first: ``rollout.recovery``). Trials reach the
 sampler, sandbox and verifier actors through ``ActorPorts``; the orchestration itself is
-``t1_actors.rollout.trials`` and the admission rules ``t1_actors.rollout.admission``. It learns the learner's version by tailing the log for ``WeightsPublished``.
+``t1_actors.rollout.trials`` and the admission rules ``t1_actors.rollout.admission``. It learns the learner's
+version by tailing the log for ``WeightsPublished``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from storage.config import StorageConfig
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.eval.protocol import EvalConfig, pass_k_subset
 from t1_actors.layout import checkpoints_dir, tokenizer_path
-from t1_actors.policy.sampling import Generation, TurnPrefix
+from t1_actors.policy.sampling import NO_PREFIX, Generation, TurnPrefix
 from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
 from t1_actors.rollout import ToolOutcome
 from t1_actors.rollout.admission import StalenessConfig
@@ -68,7 +69,7 @@ class ActorPorts:
             await self.actor.peer("sandbox").call_bulk(SandboxClose(trial_id=trial_id))
 
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
-                       temperature: float | None = None, prefix: TurnPrefix = TurnPrefix()) -> Generation:
+                       temperature: float | None = None, prefix: TurnPrefix = NO_PREFIX) -> Generation:
         c = self.campaign
         samplers = self.actor.peer("sampler")  # every turn of a trial to one replica: its prefix cache stays warm
         reply = await samplers.call_bulk(GenerateRequest(

@@ -26,13 +26,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _tito_harness import segment  # noqa: E402
+from _tito_harness import segment
 
-from t1_actors import tito  # noqa: E402
-from t1_actors.policy import ChatTokenizer  # noqa: E402
-from t1_actors.policy.chat_tokenizer import BASH_TOOL  # noqa: E402
-from t1_actors.rollout import assistant_message, first_messages, truncate_output  # noqa: E402
-from tools._replay.boundaries import changed_tokens as boundary_changes  # noqa: E402
+from t1_actors import tito
+from t1_actors.policy import ChatTokenizer
+from t1_actors.policy.chat_tokenizer import BASH_TOOL
+from t1_actors.rollout import assistant_message, first_messages, truncate_output
+from tools._replay.boundaries import changed_tokens as boundary_changes
 
 SCENARIOS = ("thinking", "noncanonical", "padded_think", "empty_think", "no_thinking", "follow_up")
 THOUGHTS = ["Check the files first.", "Run the next step.", "Verify the result.", "This should do it."]

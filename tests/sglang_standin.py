@@ -99,7 +99,7 @@ class SGLangStandIn:
                   "/update_weights_from_disk": standin.update_weights}
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server API
+            def do_POST(self):  # http.server API
                 route = routes.get(self.path)
                 if route is None:
                     status, reply = 404, {"error": f"no route {self.path}"}

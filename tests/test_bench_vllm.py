@@ -16,9 +16,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.lib import vllm_side  # noqa: E402
-from t1_actors.backends.sglang_server import group_alive  # noqa: E402
-from t1_actors.policy import ModelConfig, MoEPolicy  # noqa: E402
+from bench.lib import vllm_side
+from t1_actors.backends.sglang_server import group_alive
+from t1_actors.policy import ModelConfig, MoEPolicy
 
 # heads 32 wide: vLLM's CPU attention has kernels for 32, 64, 80, ... only (not the campaign policy's 40)
 MODEL = ModelConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,

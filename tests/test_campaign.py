@@ -47,7 +47,8 @@ def _dump(data: dict) -> str:
     lines: list[str] = []
 
     def table(prefix: str, body: dict) -> None:
-        scalars = {k: v for k, v in body.items() if not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict))}
+        scalars = {k: v for k, v in body.items()
+                   if not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict))}
         if prefix:
             lines.append(f"[{prefix}]")
         for k, v in scalars.items():

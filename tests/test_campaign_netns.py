@@ -91,7 +91,8 @@ def test_a_campaign_on_three_hosts_survives_a_cut_link_and_logs_it(tmp_path, mon
                                transport={"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S},
                                supervisor={"address": f"tcp://{hosts.address['ctl']}:7390",
                                            "restart_unresponsive": False},
-                               **{**SMALL, "campaign": {**SMALL["campaign"], "rl_steps": 3, "rl_seconds": 600}})  # steps, not the clock
+                               # the run stops by its steps, not the clock
+                               **{**SMALL, "campaign": {**SMALL["campaign"], "rl_steps": 3, "rl_seconds": 600}})
         env = {**os.environ, **aws, "T1_RUN_KEY": KEY,
                "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
         started = time.monotonic()

@@ -3,10 +3,10 @@ configs/qwen3-micro.toml --quick` samples, trains and replays a tiny Qwen3-MoE p
 tokenizer's 151,669 ids, SFT'd first on oracle chats with <think> blocks (t1_actors/warmstart/chats.py), so that its
 trajectories are multi-turn; then `t1-replay drift RUN --tokenizer DIR` reads the log back.
 
-Checked: >= 20 multi-turn trajectories with a reasoning block in every turn the template re-renders were assembled (the repair-case shares
-count only then), every boundary has a case and the shares cover them all, the loss region holds exactly the
-sampled ids (drift 0), the sampler stopped on Qwen3's <|im_end|> and the tool calls it wrote in Qwen3's format were
-run. A few minutes on 2 cores (marked slow; CI runs it).
+Checked: >= 20 multi-turn trajectories with a reasoning block in every turn the template re-renders were assembled (the
+repair-case shares count only then), every boundary has a case and the shares cover them all, the loss region holds
+exactly the sampled ids (drift 0), the sampler stopped on Qwen3's <|im_end|> and the tool calls it wrote in Qwen3's
+format were run. A few minutes on 2 cores (marked slow; CI runs it).
 """
 
 from __future__ import annotations

@@ -103,9 +103,11 @@ def test_an_hf_dir_with_a_custom_template_renders_as_transformers_does(tmp_path)
     shutil.copyfile(DEFAULT_TOKENIZER, tmp_path / "tokenizer.json")
     template = ("{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
                 "{{ raise_exception('bad role ' + m.role) }}{% endif %}{% if loop.index > 3 %}{% break %}{% endif %}"
-                "{{ m.role }}: {{ (m.content if m.content is defined else 'dropped') | tojson }}\n  {{ m | tojson(indent=2, sort_keys=true) }}\n"
+                "{{ m.role }}: {{ (m.content if m.content is defined else 'dropped') | tojson }}\n"
+                "  {{ m | tojson(indent=2, sort_keys=true) }}\n"
                 "{% endfor %}{% if add_generation_prompt %}{{ bos_token }}{{ eos_token }}{% endif %}")
-    config = {"chat_template": template, "eos_token": "<|im_end|>", "bos_token": {"__type": "AddedToken", "content": "<|im_start|>", "special": True},
+    config = {"chat_template": template, "eos_token": "<|im_end|>",
+              "bos_token": {"__type": "AddedToken", "content": "<|im_start|>", "special": True},
               "tokenizer_class": "PreTrainedTokenizerFast"}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     ours, ref = load_tokenizer(tmp_path), AutoTokenizer.from_pretrained(str(tmp_path))
@@ -156,7 +158,8 @@ def test_an_agent_loop_on_the_qwen3_template_trains_on_the_sampled_ids(tok):
     """run_trial with Qwen3's template and bash tool schema; the scripted sampler emits reasoning and tool calls;
     TITO takes the tokenizer object directly and keeps every boundary strict (reasoning after the query stays)."""
     texts = ["<think>\nLook first.\n</think>\n\n<tool_call>\n" + json.dumps(call("ls /app")) + "\n</tool_call><|im_end|>",
-             "<think>\nNow count.\n</think>\n\n<tool_call>\n" + json.dumps(call("wc -w /app/notes.txt")) + "\n</tool_call><|im_end|>",
+             "<think>\nNow count.\n</think>\n\n<tool_call>\n" + json.dumps(call("wc -w /app/notes.txt"))
+             + "\n</tool_call><|im_end|>",
              "<think>\nDone.\n</think>\n\n12 words.<|im_end|>"]
     commands = []
 
@@ -173,7 +176,8 @@ def test_an_agent_loop_on_the_qwen3_template_trains_on_the_sampled_ids(tok):
     rollout = trio.run(lambda: run_trial(USER["content"], sample=sample, execute=execute, encode=tok.encode,
                                          decode=tok.decode, render=render))
     assert commands == ["ls /app", "wc -w /app/notes.txt"] and rollout.finish == "answered"
-    assert "<tools>" in tok.decode(rollout.turns[0].prompt_ids) and tok.decode(rollout.turns[2].generation.output_ids) == texts[2]
+    assert "<tools>" in tok.decode(rollout.turns[0].prompt_ids)
+    assert tok.decode(rollout.turns[2].generation.output_ids) == texts[2]
     turns = [tito.Turn(t.prompt_ids, t.generation.output_ids, t.generation.logprobs) for t in rollout.turns]
     chunks = tito.assemble(turns, tok, reward=1.0, repairs=())
     assert len(chunks) == 1 and chunks[0].boundary_cases == ("strict", "strict")

@@ -9,15 +9,15 @@ import trio
 
 pytest.importorskip("t1_actors.runtime.host")
 
-from _learner_data import TINY, sample_trajectories, tiny_policy  # noqa: E402
-from _trio import trio_test  # noqa: E402
+from _learner_data import TINY, sample_trajectories, tiny_policy
+from _trio import trio_test
 
-from schemas import StalenessDecision, TrialIssued, WeightsPublished  # noqa: E402
-from storage import EventLog  # noqa: E402
-from t1_actors.backends.torch_learner import sha256_file  # noqa: E402
-from t1_actors.critic import CriticActor  # noqa: E402
-from t1_actors.learner import LearnerActor  # noqa: E402
-from t1_actors.runtime.host import serve_actor  # noqa: E402
+from schemas import StalenessDecision, TrialIssued, WeightsPublished
+from storage import EventLog
+from t1_actors.backends.torch_learner import sha256_file
+from t1_actors.critic import CriticActor
+from t1_actors.learner import LearnerActor
+from t1_actors.runtime.host import serve_actor
 
 torch.set_num_threads(1)
 BATCH = 4

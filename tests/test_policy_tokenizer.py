@@ -38,7 +38,8 @@ def test_render_chat_is_qwen_style():
             '{"name": "bash", "arguments": {"command": "echo hi > /app/a.txt"}}\n</tool_call><|im_end|>\n') in text
     assert "<|im_start|>user\n<tool_response>\nexit_code: 0\n</tool_response><|im_end|>\n" in text
     # consecutive tool results share one user turn
-    assert "<|im_start|>user\n<tool_response>\nhi\n</tool_response>\n<tool_response>\na.txt\n</tool_response><|im_end|>\n" in text
+    assert ("<|im_start|>user\n<tool_response>\nhi\n</tool_response>\n"
+            "<tool_response>\na.txt\n</tool_response><|im_end|>\n") in text
     assert '<|im_start|>assistant\n<tool_call>\n{"name": "bash", "arguments": {"command": "cat /app/a.txt"}}' in text
     assert text.endswith("<|im_start|>assistant\nDone.<|im_end|>\n<|im_start|>assistant\n")
     assert not render_chat(CHAT).endswith("<|im_start|>assistant\n")

@@ -17,9 +17,10 @@ from t1_actors.runtime.errors import AuthError
 from t1_actors.runtime.wire import pack_envelope, unpack_envelope
 
 KEY = b"k" * 32
+HI = Ping(payload=b"hi")
 
 
-def frame(record=Ping(payload=b"hi"), key=KEY, channel=REQUEST):
+def frame(record=HI, key=KEY, channel=REQUEST):
     return Sealer(key).seal(channel, pack_envelope("a", "b", record, b"12345678"))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from _trio import trio_test  # noqa: E402
+from _trio import trio_test
 
 import storage
 from schemas.messages import Generic, Ping, Pong

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
-from _trio import trio_test  # noqa: E402
+from _trio import trio_test
 from test_runtime_actors import EchoActor, GracefulActor
 
 from schemas.messages import Cancel, GenerateReply, GenerateRequest, Generic, Ping, Pong, Shutdown

@@ -11,14 +11,14 @@ import trio
 
 pytest.importorskip("t1_actors.runtime.host")
 
-from _trio import trio_test  # noqa: E402
+from _trio import trio_test
 
-from schemas import Cancel, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn  # noqa: E402
-from t1_actors.policy import ModelConfig, MoEPolicy  # noqa: E402
-from t1_actors.runtime.errors import RemoteError  # noqa: E402
-from t1_actors.runtime.host import serve_actor  # noqa: E402
-from t1_actors.runtime.peers import connect  # noqa: E402
-from t1_actors.sampler import SamplerActor  # noqa: E402
+from schemas import Cancel, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn
+from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.runtime.errors import RemoteError
+from t1_actors.runtime.host import serve_actor
+from t1_actors.runtime.peers import connect
+from t1_actors.sampler import SamplerActor
 
 torch.set_num_threads(1)
 
@@ -69,7 +69,7 @@ async def test_generate_cancel_and_policy_update_over_the_runtime(tmp_path, acto
                                        deadline_s=30)
                 await sampler.call(PolicyUpdate(version=1, location=str(tmp_path / "v1"), sha256=sha), deadline_s=30)
                 with trio.fail_after(30):  # acknowledged at once, loaded between generations
-                    while (after := await sampler.call(_request("t-3", 5), deadline_s=60)).policy_version != 1:
+                    while (await sampler.call(_request("t-3", 5), deadline_s=60)).policy_version != 1:
                         await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
 

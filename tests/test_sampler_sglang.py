@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import trio
-from _trio import trio_test  # noqa: E402
+from _trio import trio_test
 from sglang_standin import SGLangStandIn
 
 from t1_actors.backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend
@@ -69,7 +69,8 @@ async def test_abort_request_cancels_mid_generation():
             out = {}
 
             async def ask() -> None:
-                [out["g"]] = await sampler.generate([GenerateSpec("long", _prompt(1), SamplingParams(max_new_tokens=100000))])
+                long_one = GenerateSpec("long", _prompt(1), SamplingParams(max_new_tokens=100000))
+                [out["g"]] = await sampler.generate([long_one])
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(ask)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import trio
-from _trio import trio_test  # noqa: E402
+from _trio import trio_test
 
 from t1_actors.backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend
 from t1_actors.backends.torch_sampler import TorchSampler

@@ -9,16 +9,16 @@ import trio
 
 pytest.importorskip("t1_actors.runtime.host")
 
-from _trio import trio_test  # noqa: E402
+from _trio import trio_test
 
-from schemas import Cancel, ExecRequest, SandboxClose, SandboxExec, SandboxOpen, VerifierResult, VerifyRequest  # noqa: E402
-from t1_actors.backends._sandbox import cgroups  # noqa: E402
-from t1_actors.runtime.errors import RemoteError, RequestCancelled  # noqa: E402
-from t1_actors.runtime.host import serve_actor  # noqa: E402
-from t1_actors.runtime.peers import connect  # noqa: E402
-from t1_actors.sandbox import SandboxActor  # noqa: E402
-from t1_actors.tasks import TasksConfig, build_task_sets  # noqa: E402
-from t1_actors.verifier import VerifierActor  # noqa: E402
+from schemas import Cancel, ExecRequest, SandboxClose, SandboxExec, SandboxOpen, VerifierResult, VerifyRequest
+from t1_actors.backends._sandbox import cgroups
+from t1_actors.runtime.errors import RemoteError, RequestCancelled
+from t1_actors.runtime.host import serve_actor
+from t1_actors.runtime.peers import connect
+from t1_actors.sandbox import SandboxActor
+from t1_actors.tasks import TasksConfig, build_task_sets
+from t1_actors.verifier import VerifierActor
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or cgroups.available() is not None,
                                 reason="the local sandbox needs root and cgroup v1 memory/pids")

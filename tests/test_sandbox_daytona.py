@@ -98,7 +98,7 @@ class DaytonaApiStandIn:
             def _body(self) -> bytes:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 standin.requests.append(("POST", self.path))
                 raw = self._body()
                 if self.path == "/sandbox":
@@ -137,13 +137,14 @@ class DaytonaApiStandIn:
                     try:
                         data, name, kind = entry["local"].read_file(path), "file", "application/octet-stream"
                     except OSError as exc:
-                        data, name, kind = json.dumps({"message": str(exc), "statusCode": 404}).encode(), "error", "application/json"
+                        error = json.dumps({"message": str(exc), "statusCode": 404}).encode()
+                        data, name, kind = error, "error", "application/json"
                     parts.append(f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{path}\"\r\n"
                                  f"Content-Type: {kind}\r\n\r\n".encode() + data + b"\r\n")
                 self._reply(200, b"".join(parts) + f"--{boundary}--\r\n".encode(),
                             f"multipart/form-data; boundary={boundary}")
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 standin.requests.append(("GET", self.path))
                 match = re.fullmatch(r"/sandbox/([\w.-]+)(/toolbox-proxy-url)?", self.path.split("?")[0])
                 entry = standin._find(match.group(1)) if match else None
@@ -153,7 +154,7 @@ class DaytonaApiStandIn:
                     return self._reply(200, {"url": f"{standin.url}/toolbox"})
                 return self._reply(200, standin._dto(entry))
 
-            def do_DELETE(self) -> None:  # noqa: N802
+            def do_DELETE(self) -> None:
                 standin.requests.append(("DELETE", self.path))
                 match = re.fullmatch(r"/sandbox/([\w.-]+)", self.path.split("?")[0])
                 entry = standin._find(match.group(1)) if match else None

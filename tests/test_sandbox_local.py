@@ -160,7 +160,7 @@ def test_concurrent_trials(backend):
             with backend.open(task, f"c{i}") as sandbox:
                 for j in range(3):
                     assert sandbox.exec(f"echo {i}-{j} >> /app/log; wc -l < /app/log").stdout.strip() == str(j + 1)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=trial, args=(i,)) for i in range(6)]

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from pydantic import ValidationError
 
 import schemas
 from schemas import Record, SchemaError, decode, encode, known_kinds, lookup, pack
@@ -209,7 +210,7 @@ def test_array_on_the_wire_with_lying_shape_is_refused():
 
 def test_records_are_immutable():
     rec = schemas.SamplerTurn(**_turn())
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         rec.turn = 3
     with pytest.raises(ValueError):
         rec.prompt_ids[0] = 7

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 import trio
-from _trio import trio_test  # noqa: E402
+from _trio import trio_test
 
 from schemas import GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn, TrajectoryAssembled
 from t1_actors.backends.sampler_backend import BackendUnavailable, GenerateSpec, SamplerConfig

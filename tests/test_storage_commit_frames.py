@@ -100,4 +100,5 @@ def test_a_commit_file_of_the_old_framing_still_reads(tmp_path):
     with log.writer("w", **ROUTING) as writer:  # and a writer goes on in the old framing
         writer.append(sampler_turn(3))
     assert not commits.read_bytes().startswith(b"T1")
-    assert [e for _, e in EventLog.open(tmp_path / "log", config=TINY_CHUNKS).events()] == [sampler_turn(i) for i in range(4)]
+    reopened = EventLog.open(tmp_path / "log", config=TINY_CHUNKS)
+    assert [e for _, e in reopened.events()] == [sampler_turn(i) for i in range(4)]

@@ -72,7 +72,7 @@ def test_the_template_changes_what_it_should_and_nothing_else(tok, tasks):
 
 def test_measured_shares_cover_every_boundary(tok, tasks):
     rows = measure(tok, tasks[:4], oracle_trajectory)
-    for scenario, row in rows.items():
+    for row in rows.values():
         assert sum(row["cases"].values()) == row["boundaries"] and row["drift_tokens"] == 0
     assert rows["thinking"]["shares"]["strict"] == 1.0 and rows["thinking"]["diff_tokens"] == 0
     assert rows["no_thinking"]["context_mismatch_tokens"] == rows["no_thinking"]["diff_tokens"]

@@ -13,7 +13,6 @@ import schemas
 from t1_actors import tito
 from t1_actors.policy.sampling import Generation, TurnPrefix
 
-
 TEXTS = [tool_call_text("ls -la /app", "I'll list the files."), tool_call_text("wc -w /app/notes.txt"),
          tool_call_text("cat /app/next.txt")]
 

@@ -95,11 +95,13 @@ def _drift(args) -> int:
     shares = " ".join(f"{case}={share:.3f}" for case, share in b["repair_case_shares"].items() if share is not None)
     changes = b["template_changes"]
     c.print(f"all {b['trials']} assembled trials: {b['multi_turn']} multi-turn, {b['multi_turn_with_reasoning']} with "
-            f"reasoning in every re-rendered turn ({b['multi_turn_reasoning_every_turn']} in every turn); {b['boundaries']} boundaries: {shares or '-'}; template changed "
+            f"reasoning in every re-rendered turn ({b['multi_turn_reasoning_every_turn']} in every turn); "
+            f"{b['boundaries']} boundaries: {shares or '-'}; template changed "
             f"{changes['changed']} of {changes['boundaries']} (diff tokens per boundary: mean "
             f"{_num(changes['diff_tokens']['mean'])}, max {changes['diff_tokens']['max']})")
     if b["classified_shares"]:
-        c.print("with every repair allowed: " + " ".join(f"{case}={share:.3f}" for case, share in b["classified_shares"].items()))
+        c.print("with every repair allowed: "
+                + " ".join(f"{case}={share:.3f}" for case, share in b["classified_shares"].items()))
     rm = out["routing_mismatch"]
     if rm["per_layer"]:
         c.print("routing mismatch without replay, per layer: "
@@ -134,8 +136,8 @@ def _show(args) -> int:
     for turn in out["turns"]:
         top = ""
         if turn["routing"]:
-            top = " top experts " + "; ".join(
-                f"L{i}:" + ",".join(f"{e}x{n}" for e, n in layer["top"]) for i, layer in enumerate(turn["routing"]["layers"]))
+            top = " top experts " + "; ".join(f"L{i}:" + ",".join(f"{e}x{n}" for e, n in layer["top"])
+                                              for i, layer in enumerate(turn["routing"]["layers"]))
         inherited = f" [from {turn['trial_id']}]" if turn["trial_id"] != out["trial_id"] else ""
         c.print(f"turn {turn['turn']}{inherited}: v{turn['policy_version']} {turn['sampled_tokens']} tokens "
                 f"({turn['finish_reason']}), logprob mean {_num(turn['logprob_mean'])} min {_num(turn['logprob_min'])}{top}")

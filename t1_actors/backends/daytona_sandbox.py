@@ -64,7 +64,7 @@ class DaytonaSandboxBackend:
         try:
             self.client = Daytona(DaytonaConfig(api_key=api_key, api_url=self.config.api_url, target=self.config.target,
                                                 use_deprecated_polling=self.config.state_by_polling or None))
-        except Exception as exc:  # noqa: BLE001 - the SDK raises many kinds
+        except Exception as exc:  # the SDK raises many kinds
             raise SandboxInfraError(f"cannot reach Daytona at {self.config.api_url or 'its default URL'}: {exc}") from exc
         self._open: dict[str, DaytonaSandbox] = {}
         self._lock = threading.Lock()
@@ -86,7 +86,8 @@ class DaytonaSandboxBackend:
                 image = Image.from_dockerfile(context / "Dockerfile")
             else:
                 image = environment.base_image or self.config.image
-        resources = Resources(cpu=max(1, math.ceil(task.limits.cpus)), memory=max(1, math.ceil(task.limits.memory_mb / 1024)))
+        resources = Resources(cpu=max(1, math.ceil(task.limits.cpus)),
+                              memory=max(1, math.ceil(task.limits.memory_mb / 1024)))
         return CreateSandboxFromImageParams(image=image, resources=resources, **common)
 
     def sandbox_name(self, trial_id: str) -> str:
@@ -98,7 +99,7 @@ class DaytonaSandboxBackend:
         """The open sandbox of ``trial_id`` (created by any process); closing it detaches, never deletes."""
         try:
             remote = self.client.get(self.sandbox_name(trial_id))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise SandboxInfraError(f"no Daytona sandbox for trial {trial_id}: {exc}") from exc
         return DaytonaSandbox(self, task, trial_id, remote, BuildReport(task.environment.base_image), owned=False)
 
@@ -107,7 +108,7 @@ class DaytonaSandboxBackend:
         start = time.monotonic()
         try:
             remote = self.client.create(self._params(task, name), timeout=self.config.create_timeout_s)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._delete_by_name(name)
             raise SandboxInfraError(f"Daytona could not create the sandbox of trial {trial_id}: {exc}") from exc
         unhonoured = [] if task.environment.dockerfile is None or self.config.snapshot is None else [
@@ -128,7 +129,7 @@ class DaytonaSandboxBackend:
     def _delete_by_name(self, name: str) -> None:
         try:
             self.client.delete(self.client.get(name), timeout=self.config.delete_timeout_s)
-        except Exception:  # noqa: BLE001 - nothing was created, or it is already gone
+        except Exception:  # nothing was created, or it is already gone
             pass
 
     def _forget(self, sandbox: DaytonaSandbox) -> None:
@@ -178,7 +179,7 @@ class DaytonaSandbox:
             raise SandboxInfraError(f"sandbox of trial {self.trial_id} is closed")
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - any API or transport failure is infrastructure
+        except Exception as exc:  # any API or transport failure is infrastructure
             raise SandboxInfraError(f"Daytona {what} failed for trial {self.trial_id}: {exc}") from exc
 
     def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
@@ -222,7 +223,7 @@ class DaytonaSandbox:
             return
         try:
             self.backend.client.delete(self.remote, timeout=self.backend.config.delete_timeout_s)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise SandboxInfraError(f"Daytona could not delete sandbox {self.remote.id} of trial {self.trial_id}: "
                                     f"{exc}; auto-stop ({self.backend.config.auto_stop_minutes} min) will") from exc
 

@@ -28,12 +28,12 @@ import torch
 import torch.distributed as dist
 
 from schemas import LearnerStep, PolicyUpdate, WeightsPublished
-from t1_actors.backends.torch_critic import TorchCritic, WarmupReport  # noqa: F401  (re-exported)
-from t1_actors.layout import sha256_file, version_dirname  # noqa: F401  (re-exported: megatron_learner, tools)
+from t1_actors.backends.torch_critic import TorchCritic, WarmupReport  # re-exported
+from t1_actors.layout import sha256_file, version_dirname  # re-exported: megatron_learner, tools
 from t1_actors.policy.model import MoEPolicy
 from t1_actors.train import ppo
 from t1_actors.train.batch import TrajectoryBatch, collate
-from t1_actors.train.optim import freeze_all_but, make_optimizer  # noqa: F401  (re-exported: megatron_learner, warmstart)
+from t1_actors.train.optim import freeze_all_but, make_optimizer  # re-exported: megatron_learner, warmstart
 from t1_actors.train.step import Trainable, run_ppo_step, world_size
 
 __all__ = ["TorchLearner", "TorchCritic", "StepResult", "PublishedWeights", "WarmupReport", "TrajectoryBatch",

@@ -62,7 +62,8 @@ def seed_row(seed: int, run_dir: Path) -> dict[str, Any]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| seed | SFT best (T) | RL best (T) | gained / lost | McNemar p | reward change (95 % CI) | beats SFT | commit |",
+    lines = ["| seed | SFT best (T) | RL best (T) | gained / lost | McNemar p | reward change (95 % CI) "
+             "| beats SFT | commit |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         commit = ((r.get("code") or {}).get("commit") or "?")[:7] + ("+" if (r.get("code") or {}).get("dirty") else "")

@@ -85,7 +85,8 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
     skill["kl_rl_sft"] = report.get("kl_rl_sft") if isinstance(report, dict) else None
     summary = write_summary(run_dir, eval_before=evals.get("before"), eval_after=evals.get("after"), actors=roles,
                             counts=counts, extra={"sft": sft, "timings_s": {k: round(v, 1) for k, v in timings.items()},
-                                                  "report": report, "eval_change": eval_change(log, sft_log, passes), "code": code,
+                                                  "report": report, "eval_change": eval_change(log, sft_log, passes),
+                                                  "code": code,
                                                   "sft_passes_from": config.section(CampaignConfig).warm_start_from
                                                   if sft_log is not None else None,
                                                   "sampler_engine": sampler_engine(log), **skill,

@@ -2,8 +2,10 @@
 
     <|im_start|>system\\n{system}<|im_end|>\\n
     <|im_start|>user\\n{task}<|im_end|>\\n
-    <|im_start|>assistant\\n{thoughts}\\n<tool_call>\\n{"name": "bash", "arguments": {"command": "ls"}}\\n</tool_call><|im_end|>\\n
+    <|im_start|>assistant\\n{thoughts}\\n<tool_call>\\n{call}\\n</tool_call><|im_end|>\\n
     <|im_start|>user\\n<tool_response>\\n{output}\\n</tool_response><|im_end|>\\n
+
+with ``{call}`` the tool call as JSON: ``{"name": "bash", "arguments": {"command": "ls"}}``.
 
 Tool results travel in a user turn wrapped in ``<tool_response>`` (consecutive tool messages share
 one turn), as in Qwen3's own template. Rendering is text only: tokenizing the rendered text is the

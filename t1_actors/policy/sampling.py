@@ -80,6 +80,9 @@ class TurnPrefix:
         return self.rows if routing is not None and self.version == version else 0
 
 
+NO_PREFIX = TurnPrefix()  # a trial's first turn, or a caller that stores whole records
+
+
 @dataclass
 class Generation:
     """One finished sequence: sampled ids, their logprobs at temperature T, routing of the fed tokens from
@@ -100,7 +103,7 @@ class Generation:
         rows = None if self.routing is None else self.routing[start - self.routing_start:]
         return start, rows
 
-    def to_reply(self, trial_id: str, turn: int, prefix: TurnPrefix = TurnPrefix()) -> GenerateReply:
+    def to_reply(self, trial_id: str, turn: int, prefix: TurnPrefix = NO_PREFIX) -> GenerateReply:
         """The sampler actor's answer to a ``GenerateRequest`` (the prompt stays with the caller, and so do the
         prefix's routing rows)."""
         start, rows = self._new_rows(prefix)
@@ -109,7 +112,7 @@ class Generation:
                              finish_reason=self.finish_reason, error=self.error)
 
     def to_event(self, trial_id: str, turn: int, prompt_ids: np.ndarray, *, temperature: float, top_p: float,
-                 sampler_id: str, engine=None, prefix: TurnPrefix = TurnPrefix()) -> SamplerTurn:
+                 sampler_id: str, engine=None, prefix: TurnPrefix = NO_PREFIX) -> SamplerTurn:
         """The log's record of this turn, stored once: the prompt ids after the ``prefix`` it shares with the
         trial's previous turn, what it sampled, the routing rows the previous turn did not record under this
         version, and the engine (a ``backends.sampler_backend.EngineInfo``) that served it."""

@@ -90,7 +90,8 @@ def generic_shell_chats(n: int, seed: int = 0) -> Iterator[str]:
         chat = [{"role": "system", "content": "You are a terminal agent. Run bash commands to solve the task."},
                 {"role": "user", "content": rng.choice(tasks).format(d=d, f=f, w=w, w2=w2, e=e, k=k)}]
         for command in steps:
-            chat.append({"role": "assistant", "content": "", "tool_calls": [{"name": "bash", "arguments": {"command": command}}]})
+            chat.append({"role": "assistant", "content": "",
+                         "tool_calls": [{"name": "bash", "arguments": {"command": command}}]})
             output = rng.choice(["", f"{w}\n", f"{k} {f}\n", "No such file or directory\n", f"{w2} {k2}\n"])
             chat.append({"role": "tool", "content": f"exit_code: {rng.choice([0, 0, 0, 1])}\n{output}"})
         chat.append({"role": "assistant", "content": "Done."})

@@ -22,8 +22,8 @@ import trio
 from schemas import ContextEdited, EvalResult, StalenessDecision, TrialEnded, TrialIssued, VerifierResult
 from t1_actors import tito
 from t1_actors.policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
+from t1_actors.policy.sampling import NO_PREFIX, TurnPrefix
 from t1_actors.rollout.admission import LengthBias, StalenessConfig, admit, policy_lag
-from t1_actors.policy.sampling import TurnPrefix
 from t1_actors.rollout.loop import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
 from t1_actors.stats import wilson_interval
 
@@ -35,7 +35,7 @@ class TrialPorts(Protocol):
     async def execute(self, trial_id: str, turn: int, command: str, timeout_s: float) -> ToolOutcome: ...
     async def close_sandbox(self, trial_id: str) -> None: ...
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
-                       temperature: float | None = None, prefix: TurnPrefix = TurnPrefix()) -> Generation:
+                       temperature: float | None = None, prefix: TurnPrefix = NO_PREFIX) -> Generation:
         """One assistant turn; ``temperature`` None: the run's sampling temperature (training trials). ``prefix``:
         what the prompt shares with the trial's previous turn; the generation may then carry only the routing
         rows from its ``routing_start`` on (the runner puts the previous turn's back)."""

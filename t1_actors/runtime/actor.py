@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from schemas import Record
 from schemas.events import Event
+from storage import SegmentWriter
 from t1_actors.runtime.config import ActorSpec, ConfigError, RuntimeConfig
 from t1_actors.runtime.inflight import InFlight
 from t1_actors.runtime.peers import PeerGroup, Peers
@@ -65,7 +66,7 @@ class ActorContext:
     logger: structlog.typing.FilteringBoundLogger
     peers: Peers
     inflight: InFlight = field(default_factory=InFlight)
-    writer: Any = None  # storage.SegmentWriter, opened by the host
+    writer: SegmentWriter | None = None  # opened by the host
     shutdown: trio.Event = field(default_factory=trio.Event)
 
     @property

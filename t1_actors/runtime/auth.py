@@ -40,6 +40,7 @@ REQUEST, REPLY, BULK = b"Q", b"R", b"B"
 _PREFIX = 28
 _MAX_NONCES = 4_000_000
 OFFLOAD_BYTES = 8 << 20  # frames this large (a MAC of over ~1 ms) are MACed in a worker thread
+BytesLike = bytes | bytearray | memoryview  # a frame or part of one, read in place
 
 
 class _HmacSha256:
@@ -55,7 +56,7 @@ class _HmacSha256:
         self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
 
-    def digest(self, *parts) -> bytes:
+    def digest(self, *parts: BytesLike) -> bytes:
         inner = self._inner.copy()
         for part in parts:
             inner.update(part)
@@ -76,7 +77,7 @@ class _AesGmac:
     def __init__(self, key: bytes):
         self._key = hmac.digest(key, self._LABEL, "sha256")
 
-    def digest(self, prefix, *parts) -> bytes:
+    def digest(self, prefix: BytesLike, *parts: BytesLike) -> bytes:
         encryptor = Cipher(algorithms.AES(self._key), modes.GCM(bytes(prefix[12:24]))).encryptor()
         encryptor.authenticate_additional_data(prefix)
         for part in parts:
@@ -85,7 +86,7 @@ class _AesGmac:
         return encryptor.tag
 
 
-def _macs(key: bytes) -> dict:
+def _macs(key: bytes) -> dict[bytes, _HmacSha256 | _AesGmac]:
     """The MAC of each channel."""
     if not key:
         raise ValueError("the message key is empty; set [run] hmac_key or T1_RUN_KEY")
@@ -103,13 +104,13 @@ class Sealer:
         """The whole frame: header and body."""
         return self.header(channel, body) + body
 
-    def header(self, channel: bytes, *body) -> bytes:
+    def header(self, channel: bytes, *body: BytesLike) -> bytes:
         """The header (prefix and MAC) that seals the body given as consecutive buffers, for a sender that
         places header and body into one message itself instead of joining them (no copy of a large body)."""
         prefix = MAGIC + channel + struct.pack(">Q", time.time_ns()) + os.urandom(16)
         return prefix + self._macs[channel].digest(prefix, *body)
 
-    async def aheader(self, channel: bytes, *body) -> bytes:
+    async def aheader(self, channel: bytes, *body: BytesLike) -> bytes:
         """``header`` that MACs a large body in a worker thread (OpenSSL releases the GIL), keeping the
         event loop responsive."""
         if sum(memoryview(part).nbytes for part in body) < OFFLOAD_BYTES:
@@ -126,13 +127,13 @@ class Opener:
         self._seen: set[bytes] = set()
         self._order: deque[tuple[int, bytes]] = deque()
 
-    def open(self, channel: bytes, frame) -> memoryview:
+    def open(self, channel: bytes, frame: BytesLike) -> memoryview:
         """The body of an authentic, fresh frame (any buffer: bytes, or a view of an nng message, read
         in place); AuthError(reason) otherwise."""
         self._check_mac(channel, frame)
         return self._check_fresh(channel, frame)
 
-    async def aopen(self, channel: bytes, frame) -> memoryview:
+    async def aopen(self, channel: bytes, frame: BytesLike) -> memoryview:
         """``open`` that checks the MAC of a large frame in a worker thread (OpenSSL releases the GIL),
         so that verifying a bulk payload does not stall the event loop (heartbeats, pings)."""
         if len(frame) < OFFLOAD_BYTES:
@@ -140,7 +141,7 @@ class Opener:
         await trio.to_thread.run_sync(self._check_mac, channel, frame)
         return self._check_fresh(channel, frame)  # the nonce book is only touched from the trio thread
 
-    def _check_mac(self, channel: bytes, frame) -> None:
+    def _check_mac(self, channel: bytes, frame: BytesLike) -> None:
         view = memoryview(frame)
         mac = self._macs[channel]
         header = _PREFIX + mac.size
@@ -156,7 +157,7 @@ class Opener:
         if not hmac.compare_digest(mac.digest(view[:_PREFIX], view[header:]), view[_PREFIX:header]):
             raise AuthError("bad_mac", "forged, corrupted or signed with another run's key")
 
-    def _check_fresh(self, channel: bytes, frame) -> memoryview:
+    def _check_fresh(self, channel: bytes, frame: BytesLike) -> memoryview:
         view = memoryview(frame)
         sent_ns = struct.unpack_from(">Q", view, 4)[0]
         now = time.time_ns()

@@ -74,8 +74,8 @@ class ActorHost:
             if isinstance(record, Cancel):
                 return Ack(detail=f"cancelled {n}")
             handled = ", ".join(sorted(t.kind for t in type(actor)._handlers)) or "nothing"
-            return ErrorReply(error="NotHandled",
-                              detail=f"{self.ctx.name} ({self.ctx.role}) does not handle {record.kind!r}; it handles {handled}")
+            return ErrorReply(error="NotHandled", detail=f"{self.ctx.name} ({self.ctx.role}) does not handle "
+                                                         f"{record.kind!r}; it handles {handled}")
         method_name, graceful = entry
         trial_id = getattr(record, "trial_id", None)
         binds = {k: v for k, v in (("trial_id", trial_id),
@@ -132,8 +132,8 @@ class ActorHost:
             self.logger.warning("status_failed", error=repr(exc))
         return status
 
-    async def _run_actor(self) -> None:
-        await self.actor.run()
+    async def _run_actor(self, actor: Actor) -> None:
+        await actor.run()
         self.logger.info("run_returned")
 
     async def _watch_supervisor(self, pid: int) -> None:
@@ -149,18 +149,18 @@ class ActorHost:
 
     # ---- the whole life -------------------------------------------------------------------------
     async def serve(self, *, handle_signals: bool = False, supervisor_pid: int | None = None,
-                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Open the log, set the actor up, serve until Shutdown (or a signal), then stop cleanly."""
         self.ctx.writer = await _open_writer(self.config, self.ctx.name)
         try:
-            self.actor = self.actor_cls(self.ctx)
+            self.actor = actor = self.actor_cls(self.ctx)
             await self.log_lifecycle("started", reason="serving")  # the supervisor logs the spawn: two facts
             async with trio.open_nursery() as nursery:
                 if handle_signals:
                     nursery.start_soon(self._signals)
                 if supervisor_pid is not None:
                     nursery.start_soon(self._watch_supervisor, supervisor_pid)
-                await self.actor.setup()
+                await actor.setup()
                 server = ControlServer(self.ctx.name, self.config.control_address(self.spec), self.sealer,
                                        self.opener, max_bytes=self.config.transport.control_max_bytes,
                                        rejects=self.rejects, spin_s=self.config.transport.poll_spin_us * 1e-6)
@@ -169,7 +169,7 @@ class ActorHost:
                 serving = trio.CancelScope()
                 server_done = trio.Event()
 
-                async def run_server(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                async def run_server(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                     with serving:
                         await server.serve(self._dispatch, task_status=task_status)
                     server_done.set()
@@ -181,7 +181,7 @@ class ActorHost:
                         async with trio.open_nursery() as inner:
                             await inner.start(inbox.serve, self._dispatch_bulk)
                             inner.start_soon(self._heartbeats)
-                            inner.start_soon(self._run_actor)
+                            inner.start_soon(self._run_actor, actor)
 
                 await nursery.start(run_server)
                 nursery.start_soon(run_work)
@@ -253,7 +253,7 @@ async def _open_writer(config: RuntimeConfig, name: str) -> SegmentWriter:
 
 
 async def serve_actor(actor_cls: type[Actor], config: RuntimeConfig, name: str, *, key: bytes | None = None,
-                      handle_signals: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                      handle_signals: bool = False, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Run actor ``name`` of ``config`` with class ``actor_cls`` inside the current trio program."""
     host = ActorHost(actor_cls, config, name, key=key)
     await host.serve(handle_signals=handle_signals, task_status=task_status)

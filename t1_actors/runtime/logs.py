@@ -33,4 +33,5 @@ def configure_logging(*, actor: str, role: str, run_id: str, level: str = "info"
     )
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(actor=actor, role=role, run_id=run_id)
-    return structlog.get_logger()
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger()  # the wrapper_class above
+    return logger

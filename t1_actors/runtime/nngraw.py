@@ -21,7 +21,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pynng
 import trio
@@ -122,7 +122,7 @@ async def fair_share() -> None:
         await trio.lowlevel.checkpoint()
 
 
-def _try_recvmsg(sock: pynng.Socket, msg_p):
+def _try_recvmsg(sock: pynng.Socket, msg_p: Any) -> Any:  # cffi pointers: nng_msg **, nng_msg * or None
     """The next nng message (the caller frees it), or None when there is none yet (no exception on the
     hot path)."""
     rv = lib.nng_recvmsg(sock.socket, msg_p, _NONBLOCK)
@@ -133,12 +133,13 @@ def _try_recvmsg(sock: pynng.Socket, msg_p):
     return msg_p[0]
 
 
-def _try_recv_body(sock: pynng.Socket, msg_p) -> bytes | None:
+def _try_recv_body(sock: pynng.Socket, msg_p: Any) -> bytes | None:
     """The body of the next message, or None when there is none yet."""
     if (msg := _try_recvmsg(sock, msg_p)) is None:
         return None
     try:
-        return ffi.buffer(lib.nng_msg_body(msg), lib.nng_msg_len(msg))[:]
+        body: bytes = ffi.buffer(lib.nng_msg_body(msg), lib.nng_msg_len(msg))[:]
+        return body
     finally:
         lib.nng_msg_free(msg)
 
@@ -262,7 +263,7 @@ class NngMessage:
 
     __slots__ = ("_msg", "body")
 
-    def __init__(self, msg):
+    def __init__(self, msg: Any) -> None:  # a cffi nng_msg *
         self._msg = msg
         self.body = ffi.buffer(lib.nng_msg_body(msg), lib.nng_msg_len(msg))
 
@@ -302,7 +303,7 @@ class PolledPush:
         self.sock.dial(address, block=False)  # connects (and reconnects) in the background
         self.send_fd = self.sock.send_fd
 
-    async def send(self, *parts) -> None:
+    async def send(self, *parts: bytes | bytearray | memoryview) -> None:
         msg_p = ffi.new("nng_msg **")
         sizes = [memoryview(part).nbytes for part in parts]
         pynng.exceptions.check_err(lib.nng_msg_alloc(msg_p, sum(sizes)))

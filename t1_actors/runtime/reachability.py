@@ -17,9 +17,11 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from schemas import Record
 from schemas.events import ActorLifecycle, Event
 from schemas.messages import Ping
 from t1_actors.runtime.errors import DeadlineExceeded, RemoteError
+from t1_actors.runtime.peers import PeerGroup
 
 
 class PeerWatch:
@@ -65,8 +67,8 @@ class PeerWatch:
         await self._log(ActorLifecycle(actor=name, role=self.peers[name], state=state, reason=reason))
 
 
-def ping_call(peer_group: Callable[[str], object]) -> Callable[[str, float], Awaitable[object]]:
+def ping_call(peer_group: Callable[[str], PeerGroup]) -> Callable[[str, float], Awaitable[Record]]:
     """``call(name, deadline_s)`` over an actor's ``peer(name)`` clients: one control-plane Ping."""
-    async def call(name: str, deadline_s: float):
+    async def call(name: str, deadline_s: float) -> Record:
         return await peer_group(name).call(Ping(), deadline_s=deadline_s)
     return call

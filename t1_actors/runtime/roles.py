@@ -10,7 +10,9 @@ from t1_actors.runtime.actor import Actor
 from t1_actors.runtime.config import ActorSpec, ConfigError
 
 
-def import_class(target: str, what: str) -> type:
+def import_class(target: str, what: str) -> object:
+    """The attribute ``Class`` of module ``module`` named by ``target`` ('module:Class'); the caller checks
+    what it is."""
     module_name, sep, class_name = target.partition(":")
     if not sep or not module_name or not class_name:
         raise ConfigError(f"{what}: {target!r} is not 'module:Class'")
@@ -42,9 +44,10 @@ def actor_class(spec: ActorSpec, roles: Mapping[str, type[Actor]]) -> type[Actor
     if spec.actor_class is None:
         cls = resolve_role(spec.role, roles)
     else:
-        cls = import_class(spec.actor_class, f"actor {spec.name!r} actor_class")
-        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        loaded = import_class(spec.actor_class, f"actor {spec.name!r} actor_class")
+        if not (isinstance(loaded, type) and issubclass(loaded, Actor)):
             raise ConfigError(f"actor {spec.name!r}: {spec.actor_class} is not a t1_actors.runtime.Actor subclass")
+        cls = loaded
     if cls.role and cls.role != spec.role:
         raise ConfigError(f"actor {spec.name!r} has role {spec.role!r} but {cls.__name__} plays {cls.role!r}")
     return cls

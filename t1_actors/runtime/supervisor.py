@@ -28,6 +28,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 import trio
@@ -35,6 +36,7 @@ import trio
 from schemas import Record
 from schemas.events import ActorLifecycle
 from schemas.messages import Ack, ErrorReply, Heartbeat, Ping, Pong, Shutdown
+from storage import SegmentWriter
 from t1_actors.runtime.auth import Opener, Sealer
 from t1_actors.runtime.config import RUN_KEY_ENV, ActorSpec, ConfigError, RuntimeConfig, write_resolved
 from t1_actors.runtime.errors import DeadlineExceeded, RemoteError
@@ -92,11 +94,12 @@ class Supervisor:
         self._stop_requested = trio.Event()
         self._stop_reason = "shutdown requested"
         self._stopped = trio.Event()
-        self._writer = None
+        self._writer: SegmentWriter | None = None
         self._config_path: Path | None = None
 
     # ---- public face ----------------------------------------------------------------------------
-    async def run(self, *, handle_signals: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, handle_signals: bool = False,
+                  task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every local actor, report ready (``task_status.started(self)``), supervise until shutdown."""
         cfg = self.config
         self._config_path = write_resolved(cfg, cfg.run.dir / "config.resolved.json")
@@ -177,7 +180,7 @@ class Supervisor:
         process = self.actors[name].process
         return None if process is None or process.returncode is not None else process.pid
 
-    def state(self) -> dict[str, dict]:
+    def state(self) -> dict[str, dict[str, Any]]:
         """Per actor: state, pid, restarts, seconds since its last heartbeat, last status."""
         now = time.monotonic()
         return {name: {"state": m.state, "pid": self.pid(name), "restarts": len(m.restarts),
@@ -304,8 +307,10 @@ class Supervisor:
         """Shutdown message to each live actor, then SIGTERM, then SIGKILL, each after the grace period."""
         self._stopping = True
         grace = self.config.supervisor.shutdown_grace_s
-        live = [m for m in self.actors.values() if m.local and m.process is not None and m.process.returncode is None]
-        self.logger.info("stopping_actors", reason=reason, actors=[m.spec.name for m in live])
+        live = [(m, m.process) for m in self.actors.values()
+                if m.local and m.process is not None and m.process.returncode is None]
+        processes = [process for _, process in live]
+        self.logger.info("stopping_actors", reason=reason, actors=[m.spec.name for m, _ in live])
 
         async def ask(m: _Managed) -> None:
             try:
@@ -314,23 +319,23 @@ class Supervisor:
                 self.logger.warning("shutdown_unanswered", peer=m.spec.name, error=str(exc))
 
         async with trio.open_nursery() as nursery:
-            for m in live:
+            for m, _ in live:
                 nursery.start_soon(ask, m)
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            if await self._all_exited(live, grace):
+            if await self._all_exited(processes, grace):
                 break
-            for m in live:
-                if m.process.returncode is None:
+            for m, process in live:
+                if process.returncode is None:
                     self.logger.warning("actor_signalled", peer=m.spec.name, signal=sig.name)
-                    m.process.send_signal(sig)
-        await self._all_exited(live, grace)
-        for m in live:
-            await self._event(m, "stopped", reason=reason, pid=m.process.pid)
+                    process.send_signal(sig)
+        await self._all_exited(processes, grace)
+        for m, process in live:
+            await self._event(m, "stopped", reason=reason, pid=process.pid)
 
-    async def _all_exited(self, live: list[_Managed], within_s: float) -> bool:
+    async def _all_exited(self, processes: list[trio.Process], within_s: float) -> bool:
         with trio.move_on_after(within_s):
-            for m in live:
-                await m.process.wait()
+            for process in processes:
+                await process.wait()
             return True
         return False
 

@@ -85,7 +85,7 @@ class ControlServer:
         self._unstarted = 0  # handlers spawned that have not run yet
         self._accepting = trio.CancelScope()
 
-    async def serve(self, handle: Handler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, handle: Handler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until ``stop_accepting()``; then return once every request in flight has been answered."""
         sock = RawRep(max_bytes=self._max_bytes, spin_s=self._spin_s)
         _listen(sock.sock, self.address, f"actor {self.name!r} control")
@@ -184,7 +184,7 @@ class BulkInbox:
         self.name, self.address = name, address
         self._opener, self._max_bytes, self.rejects = opener, max_bytes, rejects
 
-    async def serve(self, handle: BulkHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, handle: BulkHandler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         sock = PolledPull(max_bytes=self._max_bytes, recv_buffer=_BULK_QUEUE)
         _listen(sock.sock, self.address, f"actor {self.name!r} bulk")
         try:

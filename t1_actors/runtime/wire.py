@@ -14,7 +14,7 @@ def pack_envelope(sender: str, dest: str, record: Record, msg_id: bytes, reply_t
     return pack([sender, dest, msg_id, reply_to, to_wire(record)])
 
 
-def pack_envelope_parts(sender: str, dest: str, record: Record, msg_id: bytes) -> list:
+def pack_envelope_parts(sender: str, dest: str, record: Record, msg_id: bytes) -> list[bytes | memoryview]:
     """``pack_envelope`` as buffers that leave large bytes and arrays where they are (bulk: the parts are
     copied once, into the nng message)."""
     return pack_parts([sender, dest, msg_id, b"", to_wire(record)])

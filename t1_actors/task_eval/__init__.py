@@ -223,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     stream = sys.stderr if args.json else sys.stdout  # the human-readable lines; stdout's last line is the JSON
-    show = (lambda line: print(line, file=stream))
+
+    def show(line: str) -> None:
+        print(line, file=stream)
+
     try:
         if args.compare:
             return _compare(args, show)

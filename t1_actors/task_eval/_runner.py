@@ -21,7 +21,7 @@ import trio
 
 from schemas import SandboxExec, TrialEnded, TrialIssued
 from t1_actors.backends._sandbox.interface import SandboxInfraError
-from t1_actors.policy.sampling import Generation, TurnPrefix
+from t1_actors.policy.sampling import NO_PREFIX, Generation, TurnPrefix
 from t1_actors.rollout import ToolOutcome
 from t1_actors.rollout.inprocess import InProcessPorts
 
@@ -67,7 +67,7 @@ class EvalPorts(InProcessPorts):
         return ToolOutcome(result.exit_code, result.stdout + result.stderr)
 
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
-                       temperature: float | None = None, prefix: TurnPrefix = TurnPrefix()) -> Generation:
+                       temperature: float | None = None, prefix: TurnPrefix = NO_PREFIX) -> Generation:
         from t1_actors.backends.sampler_backend import GenerateSpec
 
         update: dict[str, Any] = {"seed": None if seed is None else mixed_seed(self.seed, seed)}

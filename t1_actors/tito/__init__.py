@@ -22,8 +22,9 @@ turn boundary is the *repair*, tried strongest first, each case in one function 
 
 In 2 and 3, s is where p_i and p_{i+1} part (``_prompt_drops``): a_i is never aligned with older history
 that merely repeats it. Under 2 and 3 later turns train on a context that differs from the sampler's by the
-repaired tokens (``Repair.context_mismatch``, counted in ``tito_metrics``); the loss tokens never differ. That is the invariant: inside the loss region the trained ids equal
-the sampled ids, drift 0.0000 %. ``assemble`` checks it on every chunk and raises ``TitoDriftError`` if broken.
+repaired tokens (``Repair.context_mismatch``, counted in ``tito_metrics``); the loss tokens never differ.
+That is the invariant: inside the loss region the trained ids equal the sampled ids, drift 0.0000 %.
+``assemble`` checks it on every chunk and raises ``TitoDriftError`` if broken.
 
 For PPO the context matters too: the ratio pi/pi_sampler of a token trained on another context than the
 sampler's is not a ratio of one policy at one state (a campaign log showed logprob gaps up to 8.8 nats after

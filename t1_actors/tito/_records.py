@@ -87,7 +87,8 @@ class TrajectoryChunk:
 
     ``boundary_cases`` lists, in order, the case of the boundary leading into each of the chunk's turns but
     the trial's first: chunk 0 has ``len(turns) - 1`` entries, a later chunk ``len(turns)``, the first being
-    the ``"split"`` or ``"version"`` boundary that opened it. Across a trial's chunks every boundary is recorded exactly once.
+    the ``"split"`` or ``"version"`` boundary that opened it. Across a trial's chunks every boundary is recorded
+    exactly once.
     ``routing`` has ``len(token_ids) - 1`` rows; ``routing_recorded[j]`` is False for the few rows no sampler
     turn ever computed (see ``_align_routing``).
     """

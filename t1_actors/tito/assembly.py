@@ -90,7 +90,8 @@ def _build_chunk(index: int, turns: list[TurnLike], numbers: list[int], repairs:
         pieces += [context, sampled]
         mask += [np.zeros(len(context), np.uint8), np.ones(len(sampled), np.uint8)]
         logprobs += [np.zeros(len(context), np.float32), turn.sampler_logprobs]
-        sampled_versions = turn.token_versions if turn.token_versions is not None else np.full(len(sampled), turn.policy_version)
+        sampled_versions = (turn.token_versions if turn.token_versions is not None
+                            else np.full(len(sampled), turn.policy_version))
         versions += [np.zeros(len(context), np.int32), sampled_versions.astype(np.int32)]
         length += new
     loss_versions = np.concatenate(versions)[np.concatenate(mask).astype(bool)]
@@ -160,7 +161,8 @@ def _reprefilled_under_a_new_version(prev: TurnLike, turn: TurnLike) -> bool:
     own forward's anyway."""
     if prev.routing is None or turn.routing is None:
         return False
-    last = int(prev.token_versions[-1]) if prev.token_versions is not None and len(prev.token_versions) else prev.policy_version
+    versions = prev.token_versions
+    last = int(versions[-1]) if versions is not None and len(versions) else prev.policy_version
     return turn.policy_version != last
 
 

@@ -208,7 +208,7 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
     policy_loss = value_loss = 0.0  # summed over updates, each already divided by the global token count
     grad_norms = []
     plan = minibatch_plan(len(batch), cfg, seed)
-    for update, (epoch, rows) in enumerate(plan):
+    for update, (_epoch, rows) in enumerate(plan):
         mb_mask = mask[rows]
         normalizer = all_reduce_sum(torch.tensor(float(mb_mask.sum())), group).clamp(min=1.0)
         if not rows:  # this rank's shard is smaller than the minibatch count: join the collectives with 0

@@ -297,7 +297,7 @@ class Verifier:
             }).result(timeout=task.limits.verifier_timeout_s + 60)
         except SandboxInfraError as exc:
             return self._failed(task, trial, sha, str(exc), start)
-        except Exception as exc:  # noqa: BLE001 - the verifier's own machinery broke: never a score
+        except Exception as exc:  # the verifier's own machinery broke: never a score
             return self._failed(task, trial, sha, f"{type(exc).__name__}: {exc}", start)
         return self._scored(task, trial, sha, {**reply, "tamper_flags": flags}, start)
 
@@ -315,7 +315,7 @@ class Verifier:
             reply = verify_in_sandbox(sandbox, task, files, pytest_bundle(self.base / "bundles"))
         except SandboxInfraError as exc:
             return self._failed(task, trial, sha, str(exc), start)
-        except Exception as exc:  # noqa: BLE001 - the verifier's own machinery broke: never a score
+        except Exception as exc:  # the verifier's own machinery broke: never a score
             return self._failed(task, trial, sha, f"{type(exc).__name__}: {exc}", start)
         return self._scored(task, trial, sha, reply, start)
 

@@ -60,7 +60,8 @@ def oracle_chat(instruction: str, commands: list[str], outputs: list[str], tool_
     + one bash tool call) and the tool's output, then the final answer ``done`` with its own reasoning."""
     messages = first_messages(instruction)
     for step, (command, output) in enumerate(zip(commands, outputs, strict=True)):
-        messages.append({"role": "assistant", "content": "", "reasoning_content": step_reasoning(command, step, len(commands)),
+        messages.append({"role": "assistant", "content": "",
+                         "reasoning_content": step_reasoning(command, step, len(commands)),
                          "tool_calls": [{"name": "bash", "arguments": {"command": command}}]})
         messages.append({"role": "tool", "content": truncate_output(output, tool_output_chars)})
     messages.append({"role": "assistant", "content": DONE_TEXT, "reasoning_content": final_reasoning(len(commands))})

@@ -30,7 +30,8 @@ DONE_TEXT = "done"
 Example = tuple[np.ndarray, np.ndarray]  # token ids, assistant-token mask
 
 
-def oracle_messages(instruction: str, commands: list[str], outputs: list[str], tool_output_chars: int) -> list[dict[str, Any]]:
+def oracle_messages(instruction: str, commands: list[str], outputs: list[str],
+                    tool_output_chars: int) -> list[dict[str, Any]]:
     """The chat of an agent that runs the oracle: one command per turn, its output, then ``done``."""
     messages = first_messages(instruction)
     for command, output in zip(commands, outputs, strict=True):

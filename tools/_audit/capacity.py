@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
          "expert_weights_grads_gib": (r.total.expert_weights + r.total.expert_grads) / cap.GIB,
          "total_gib": r.total.total / cap.GIB}
         for p in picks for r in [cap.capacity(actor, p, critic=critic, nbytes=nbytes)]]
-    out["expert_optimizer_gib_formula"] = (actor.expert + (critic.expert if critic else 0)) * nbytes.optimizer / args.devices / cap.GIB
+    expert_params = actor.expert + (critic.expert if critic else 0)
+    out["expert_optimizer_gib_formula"] = expert_params * nbytes.optimizer / args.devices / cap.GIB
     if args.json:
         print_json(out)
         return 0

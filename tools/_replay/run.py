@@ -110,9 +110,9 @@ class RunView:
                 m = re.search(r"(\d+)$", child.name)
                 if child.is_dir() and m and int(m.group(1)) == version:
                     return child
-        raise RunError(f"no weights for policy version {version} in {self.root or self.log_path} (no WeightsPublished event with "
-                       f"an existing location, no {weights}/<name ending in {version}>); keep the run's weights "
-                       "to replay it")
+        raise RunError(f"no weights for policy version {version} in {self.root or self.log_path} "
+                       f"(no WeightsPublished event with an existing location, no {weights}/<name ending in "
+                       f"{version}>); keep the run's weights to replay it")
 
     def weights_checksum_ok(self, version: int) -> bool | None:
         """Does the published sha256 match the weights file? None when no event records one."""

@@ -44,7 +44,7 @@ from typing import Any
 
 from t1_actors.backends.sandbox_backend import SandboxConfig
 from tools.chaos._audit_mutations import audit_mutations
-from tools.chaos._leftovers import Orphans, _alive, _start_time, _tree, find_orphans, leftovers  # noqa: F401  (_start_time: tests)
+from tools.chaos._leftovers import Orphans, _alive, _start_time, _tree, find_orphans, leftovers  # _start_time: tests
 from tools.chaos._sections import SECTIONS, run_sections, sections_clean
 
 ROLES = ("sampler", "sandbox", "verifier", "critic", "learner", "staleness")

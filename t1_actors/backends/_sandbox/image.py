@@ -178,7 +178,7 @@ def _build(task: Task, plan: BuildPlan, key: str, scratch: Path, stack: RootStac
                 run(step.argv, {**BASE_ENV, **(profile.env() if profile else {}), **step.env}, step.workdir,
                     f"Dockerfile line {step.line} RUN", step.stdin)
             elif isinstance(step, CopyStep):
-                _copy(step, root, lambda argv, what: run(argv, env, step.workdir, what))
+                _copy(step, root, lambda argv, what, workdir=step.workdir: run(argv, env, workdir, what))
         for path, spec in task.environment.files.items():
             root.write(path, spec.data, spec.mode)
         root.makedirs(task.environment.workdir)

@@ -147,7 +147,7 @@ def _start(request: dict, trusted: list[str]) -> _Job | dict:
     try:
         cgroup = CommandCgroup(f"verify-{os.getpid()}-{request['id']}",
                                CgroupLimits(int(request["memory_bytes"]), int(request["pids"])))
-    except Exception as exc:  # noqa: BLE001 - reported to the client as an infrastructure error
+    except Exception as exc:  # reported to the client as an infrastructure error
         return {"id": request["id"], "infra_error": f"verifier cgroup: {exc}"}
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -161,7 +161,7 @@ def _start(request: dict, trusted: list[str]) -> _Job | dict:
         try:
             cgroup.enter()
             code = _child(request, trusted, write_fd)
-        except BaseException:  # noqa: BLE001 - whatever broke is reported through the pipe
+        except BaseException:  # whatever broke is reported through the pipe
             _emit(write_fd, infra_error=traceback.format_exc(limit=4)[-1500:])
         finally:
             os._exit(code)

@@ -71,9 +71,9 @@ def load_terminal_bench(path: Path, *, split: str = "eval") -> Task:
         metadata["services"] = compose.services
 
     limits: dict[str, Any] = {}
-    for key, field in (("max_agent_timeout_sec", "agent_timeout_s"), ("max_test_timeout_sec", "verifier_timeout_s")):
+    for key, limit in (("max_agent_timeout_sec", "agent_timeout_s"), ("max_test_timeout_sec", "verifier_timeout_s")):
         if key in spec:
-            limits[field] = expect(spec[key], (int, float), spec_file, key, "a number of seconds")
+            limits[limit] = expect(spec[key], (int, float), spec_file, key, "a number of seconds")
 
     return build_task(
         spec_file,

@@ -107,7 +107,9 @@ def generate_composite(split: Split, n: int, seed: int = 0, families: Iterable[s
     for index in range(n):
         size, pairing = (2, "train") if split == "train" else ((2, "eval") if index % 2 == 0 else (3, None))
 
-        def draw(rng: random.Random) -> tuple[Draft | None, list[str]]:
+        # this iteration's size and pairing bound as defaults (draw runs within the iteration; binding says so)
+        def draw(rng: random.Random, size: int = size, pairing: str | None = pairing,
+                 ) -> tuple[Draft | None, list[str]]:
             parts = draw_parts(rng, pool, size, pairing)
             return compose([_draw_draft(family, split, rng) for family in parts]), [f.name for f in parts]
 
@@ -129,7 +131,7 @@ def generate_nested(split: Split, n: int, seed: int = 0, families: Iterable[str]
     for index in range(n):
         family = usable[index % len(usable)]
 
-        def draw(rng: random.Random) -> tuple[Draft | None, None]:
+        def draw(rng: random.Random, family: Family = family) -> tuple[Draft | None, None]:
             return with_missing_directory(_draw_draft(family, split, rng), rng, exists=True,
                                           creates=rng.random() < mkdir_share), None
 
@@ -159,7 +161,7 @@ def generate_recovery(split: Split, n: int, seed: int = 0, families: Iterable[st
         side = seen_side if split == "train" or index % 2 == 0 else held_out
         family = side[(index // (1 if split == "train" else 2)) % len(side)]
 
-        def draw(rng: random.Random) -> tuple[Draft | None, None]:
+        def draw(rng: random.Random, family: Family = family) -> tuple[Draft | None, None]:
             return with_missing_directory(_draw_draft(family, split, rng), rng), None
 
         draft, _ = _new_draft(f"t1-recovery/{seed}/{split}/{index}", draw, seen,

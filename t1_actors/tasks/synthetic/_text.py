@@ -156,9 +156,9 @@ def grep_split(rng: random.Random) -> Draft:
         commands=[f"grep '{word}' {src} > {hits}", f"grep -v '{word}' {src} > {rest}"],
         checks=[
             Check("hits_exist", f"assert Path({hits!r}).is_file()"),
-            Check("hits_content", f"assert lines({hits!r}) == {[l for l in body if word in l.split()]!r}"),
+            Check("hits_content", f"assert lines({hits!r}) == {[line for line in body if word in line.split()]!r}"),
             Check("rest_exist", f"assert Path({rest!r}).is_file()"),
-            Check("rest_content", f"assert lines({rest!r}) == {[l for l in body if word not in l.split()]!r}"),
+            Check("rest_content", f"assert lines({rest!r}) == {[line for line in body if word not in line.split()]!r}"),
             Check("source_unchanged", f"assert read({src!r}) == {text(body)!r}"),
         ],
         files={src: text(body)},

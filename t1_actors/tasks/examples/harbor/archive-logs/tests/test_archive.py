@@ -3,7 +3,7 @@ import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from expected import LOGS  # noqa: E402
+from expected import LOGS
 
 ARCHIVE = "/app/logs.tar.gz"
 
