@@ -100,7 +100,8 @@ def test_the_log_returns_sets_sorted_and_repeated_ids_as_given(tmp_path, where):
     repeated = rng.integers(0, 8, (25, 4, 2), dtype=np.uint8)
     repeated[0, 0] = [5, 5]  # not a set: stored id by id
     with log.writer("w", routing_shape=(4, 2), num_experts=8) as writer:
-        ids = [writer.append(e) for e in sets[:2]] + [writer.append(turn(repeated, 9))] + [writer.append(e) for e in sets[2:]]
+        ids = [writer.append(e) for e in sets[:2]] + [writer.append(turn(repeated, 9))]
+        ids += [writer.append(e) for e in sets[2:]]
     got = [log.get(i) for i in ids]
     assert got[2].routing.tobytes() == repeated.tobytes()
     for event, back in zip(sets[:2] + sets[2:], got[:2] + got[3:]):
