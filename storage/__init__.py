@@ -17,7 +17,11 @@ Public face::
 
 Layout and guarantees (details in ``_format.py``): one segment per writer id (an actor instance),
 each a Zarr group of chunked append-only arrays — msgpack headers as uint8 bytes; token ids, masks,
-logprobs by dtype; routing as [tokens, layers, k] expert ids (uint8 when E <= 256). On a directory
+logprobs by dtype; routing records ([tokens, layers, k] expert ids) as sets: each (token, layer)
+selection stored as its combinatorial number in log2 C(E, k) bits and **read back sorted ascending
+within the set** (``stored_routing``/``as_stored`` give that form; compare routing as sets). Logs of
+format 2, ``routing_encoding="ids"`` and records that repeat an id keep one id per value, as given
+(uint8 when E <= 256). Every other array reads back bit-exact as appended. On a directory
 the store is a ``PackedStore`` (a zarr LocalStore that keeps each uncompressed array's chunks back to
 back in one file, ``<array>/c/packed``): writers ``pwrite`` rows there as they are appended and
 append commit records to one framed file per segment, which runs at raw-file speed. On any other
@@ -38,9 +42,11 @@ together (one read per array, up to ``read_block_bytes``) and their arrays share
 
 from storage._cursor import Cursor
 from storage._log import EventLog, log_exists, parse_event_id
+from storage._routing import as_stored, stored_routing
 from storage._writer import SegmentWriter
 from storage.config import StorageConfig
 from storage.errors import CorruptionError, DiskFull, EventRejected, LogError, LogNotFound, WriterBusy
 
 __all__ = ["EventLog", "SegmentWriter", "Cursor", "StorageConfig", "parse_event_id", "log_exists",
+           "as_stored", "stored_routing",
            "LogError", "LogNotFound", "WriterBusy", "EventRejected", "CorruptionError", "DiskFull"]

@@ -1,10 +1,14 @@
 """On-store format of a segment: key names, array layout, commit records and event headers.
 
-    <root>/zarr.json                          group, attributes {"t1_event_log": FORMAT}
+    <root>/zarr.json                          group, attributes {"t1_event_log": LOG_FORMAT}
     <root>/segments/<writer>/zarr.json        group, attributes: writer id, routing shape
     <root>/segments/<writer>/headers          uint8 [bytes]           msgpack event headers, back to back
     <root>/segments/<writer>/<dtype>          <dtype> [elements]      1-D numeric payloads (int32 ids, ...)
-    <root>/segments/<writer>/routing          uint8 [tokens, L, k]    expert ids (wider dtype when E > 256)
+    <root>/segments/<writer>/routing_sets     uint8 [tokens, bytes]   each (token, layer) top-k set as its
+                                                                      combinatorial number, bit-packed (``_routing.py``)
+    <root>/segments/<writer>/routing          uint8 [tokens, L, k]    expert ids as given (wider dtype when E > 256):
+                                                                      format-2 logs, ``routing_encoding="ids"``, and
+                                                                      records that are not sets (an id repeated)
     <root>/segments/<writer>/commits/<seq>    commit record (raw key, msgpack), or on a directory:
     <root>/segments/<writer>/commits.log      every commit record, framed, appended (``_commits.py``)
 
@@ -16,6 +20,12 @@ header chunk it (re)wrote; an event's header carries, for each of its payloads, 
 each piece of it that lies in one chunk, so one event is read and checked on its own and a
 mismatch still names the chunk. On a directory (``PackedStore``) uncompressed arrays keep their
 chunks back to back in one file per array (``<array>/c/packed``); see ``_packed.py``.
+
+Log formats (the root's ``t1_event_log`` attribute): 2 stored routing id by id only; 3 (new logs)
+set-encodes it. Each event header names the array its routing lives in, so a reader needs no
+format switch: ``routing`` rows read back as written, ``routing_sets`` rows decode (each set sorted
+ascending) with the codec the array's attributes name. A writer on a format-2 log keeps writing ids,
+so a t1 that reads format 2 only still reads that log.
 """
 
 from __future__ import annotations
@@ -34,11 +44,16 @@ from zarr.codecs import BloscCodec
 
 from schemas.base import dtype_name
 from storage._packed import PACKED_ATTR, PackedStore, packable
+from storage._routing import CODEC_ATTR, SetCodec
 from storage.config import StorageConfig
 
-FORMAT = 2  # 2: CRC-32C, per-piece payload checksums in event headers, packed chunks on directories
+FORMAT = 2  # commit records: 2: CRC-32C, per-piece payload checksums in event headers, packed chunks
+LOG_FORMAT = 3  # the log (root marker) new logs get: 3: routing set-encoded in ``routing_sets``
+LOG_FORMATS = (2, 3)  # log formats this t1 reads (and appends to, each in its own routing layout)
 HEADERS = "headers"
 ROUTING = "routing"
+ROUTING_SETS = "routing_sets"
+ROUTING_ARRAYS = (ROUTING, ROUTING_SETS)  # arrays whose rows are tokens (an entry's shape[0] rows)
 MAX_ROWS = 1 << 44  # logical length of every array; the commit records bound what is valid
 COMMIT_BATCH = 32  # commit records fetched per round trip when catching up
 
@@ -86,6 +101,11 @@ class RoutingShape:
     def dtype(self) -> np.dtype:
         from schemas import routing_dtype
         return routing_dtype(self.num_experts)
+
+    @functools.cached_property
+    def set_codec(self) -> SetCodec | None:
+        """The set encoding of this shape, or None where it does not apply (``SetCodec.fits``)."""
+        return SetCodec(self.layers, self.k, self.num_experts) if SetCodec.fits(self.k, self.num_experts) else None
 
     @functools.cached_property
     def all_ids_valid(self) -> bool:
@@ -156,17 +176,27 @@ def rows_per_chunk(chunk_bytes: int, row_bytes: int) -> int:
 
 
 def create_array(group: zarr.Group, name: str, dtype: np.dtype, inner: tuple[int, ...],
-                 config: StorageConfig) -> zarr.Array[Any]:
-    """A fresh append-only array of a segment, chunked along its first axis."""
+                 config: StorageConfig, set_codec: SetCodec | None = None) -> zarr.Array[Any]:
+    """A fresh append-only array of a segment, chunked along its first axis. ``routing_sets``
+    (``set_codec`` given) is never compressed: its bytes are already at the sets' entropy."""
     dtype = np.dtype(dtype)
     row_bytes = dtype.itemsize * math.prod(inner)
-    target = {HEADERS: config.header_chunk_bytes, ROUTING: config.routing_chunk_bytes}.get(name, config.vector_chunk_bytes)
+    target = config.vector_chunk_bytes
+    if name == HEADERS:
+        target = config.header_chunk_bytes
+    elif name in ROUTING_ARRAYS:
+        target = config.routing_chunk_bytes
     rows = rows_per_chunk(target, row_bytes)
     shuffle = config.routing_shuffle if name == ROUTING else config.numeric_shuffle
-    compressors = None if config.codec == "none" else [
+    compressors = None if config.codec == "none" or name == ROUTING_SETS else [
         BloscCodec(cname=config.codec, clevel=config.clevel, shuffle=shuffle)]
     packed = compressors is None and isinstance(group.store, PackedStore) and packable(dtype)
+    attributes: dict[str, Any] = {PACKED_ATTR: True} if packed else {}
+    if name == ROUTING_SETS:
+        if set_codec is None:
+            raise ValueError(f"{ROUTING_SETS} needs the set codec of the segment's routing shape")
+        attributes[CODEC_ATTR] = set_codec.to_attrs()
     return group.create_array(
         name, shape=(MAX_ROWS, *inner), chunks=(rows, *inner), dtype=dtype, fill_value=0,
-        compressors=compressors, attributes={PACKED_ATTR: True} if packed else None,
+        compressors=compressors, attributes=attributes or None,
         config={"write_empty_chunks": True}, overwrite=True)  # only ever called when absent

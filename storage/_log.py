@@ -18,7 +18,7 @@ from zarr.abc.store import Store
 from schemas.events import Event
 from storage import _store
 from storage._cursor import Cursor
-from storage._format import FORMAT, RoutingShape
+from storage._format import LOG_FORMAT, LOG_FORMATS, RoutingShape
 from storage._reader import SegmentReader
 from storage._writer import SegmentWriter
 from storage.config import StorageConfig
@@ -74,13 +74,14 @@ class EventLog:
             if not create:
                 raise LogNotFound(f"no t1 event log at {where}; pass create=True to make one")
             try:  # the marker goes in with the group's only metadata write: no half-made log
-                root = zarr.create_group(store, attributes={"t1_event_log": FORMAT})
+                root = zarr.create_group(store, attributes={"t1_event_log": LOG_FORMAT})
             except zarr.errors.ContainsGroupError:  # another process made it first
                 return cls.open(store, config=config)
             root.require_group("segments")
-        elif int(marker) != FORMAT:
-            raise LogError(f"event log at {where} has format {marker}; this t1 reads format {FORMAT} only "
-                           f"({'upgrade t1' if int(marker) > FORMAT else 'read it with the t1 that wrote it'})")
+        elif int(marker) not in LOG_FORMATS:
+            advice = "upgrade t1" if int(marker) > LOG_FORMAT else "read it with the t1 that wrote it"
+            raise LogError(f"event log at {where} has format {marker}; this t1 reads formats "
+                           f"{', '.join(map(str, LOG_FORMATS))} only ({advice})")
         return cls(store, config or StorageConfig())
 
     # -- writing -------------------------------------------------------------------------------

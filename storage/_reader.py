@@ -19,8 +19,9 @@ from schemas import SchemaError, unpack
 from schemas.codec import from_wire
 from schemas.events import Event
 from storage._commits import commit_channel
-from storage._format import HEADERS, ROUTING, Commit, crc32c, segment_dir
+from storage._format import HEADERS, ROUTING_ARRAYS, ROUTING_SETS, Commit, crc32c, segment_dir
 from storage._packed import PackedStore
+from storage._routing import CODEC_ATTR, SetCodec
 from storage._rows import PackedRows, ZarrRows
 from storage.config import StorageConfig
 from storage.errors import CorruptionError
@@ -53,6 +54,7 @@ class SegmentReader:
         self._sources: dict[str, ZarrRows | PackedRows] = {}
         self.commits = commit_channel(store, writer_id)  # where the commit records are
         self._cache: OrderedDict[int, tuple[np.ndarray, int]] = OrderedDict()  # header chunk -> (rows from it, first row)
+        self._set_codec: SetCodec | None = None  # of routing_sets, read from its attributes on first use
 
     @property
     def event_count(self) -> int:
@@ -207,7 +209,7 @@ class SegmentReader:
         for fieldname, entry in header.get("a", {}).items():
             try:
                 name, offset, shape, pieces = entry
-                count = shape[0] if name == ROUTING else int(np.prod(shape))  # routing rows are tokens
+                count = shape[0] if name in ROUTING_ARRAYS else int(np.prod(shape))  # routing rows are tokens
             except Exception:
                 raise CorruptionError(self.writer_id, HEADERS, None,
                                       f"header of event {seq} has a malformed array entry {fieldname!r}") from None
@@ -232,9 +234,24 @@ class SegmentReader:
                 lo = offset - spans[name][0]
                 rows = blocks[name][lo:lo + count]
                 checked.setdefault(name, set()).update(self.check_pieces(name, offset, rows, pieces))
-                arrays[fieldname] = rows.reshape(shape)
+                arrays[fieldname] = self._decode_sets(rows, shape) if name == ROUTING_SETS else rows.reshape(shape)
             out.append(arrays)
         return out, checked
+
+    def _decode_sets(self, rows: np.ndarray, shape: list[int]) -> np.ndarray:
+        """Checked ``routing_sets`` rows -> the record ``[tokens, layers, k]``, each set sorted ascending."""
+        if self._set_codec is None:
+            path = f"{segment_dir(self.writer_id)}/{ROUTING_SETS}"
+            try:
+                attrs = zarr.open_array(self._store, path=path, mode="r").attrs.get(CODEC_ATTR)
+                self._set_codec = SetCodec.from_attrs(attrs)
+            except Exception as exc:
+                raise CorruptionError(self.writer_id, ROUTING_SETS, None, f"routing codec unreadable ({exc})") from None
+        codec = self._set_codec
+        if list(shape[1:]) != [codec.layers, codec.k]:
+            raise CorruptionError(self.writer_id, HEADERS, None, f"an event header says routing of shape {shape}, "
+                                  f"the segment's sets are [tokens, {codec.layers}, {codec.k}]")
+        return codec.decode(rows)
 
     def _runs(self, seqs: list[int]) -> Iterator[Run]:
         """``seqs`` as runs of consecutive events ``(seq, header, entries)`` of at most
@@ -254,7 +271,8 @@ class SegmentReader:
             yield run
 
     def load_many(self, seqs: list[int]) -> list[Event]:
-        """Committed events ``seqs``, arrays bit-exact as appended. Consecutive events are read
+        """Committed events ``seqs``, arrays bit-exact as appended (set-encoded routing: each
+        selection sorted ascending, see ``_routing.py``). Consecutive events are read
         together, one read per array for up to ``read_block_bytes`` (their arrays share that block)."""
         records: list[Event] = []
         for run in self._runs(seqs):
@@ -273,7 +291,7 @@ class SegmentReader:
         return records
 
     def load(self, seq: int) -> Event:
-        """The committed event ``seq`` of this segment, arrays bit-exact as appended."""
+        """The committed event ``seq`` of this segment (arrays as ``load_many`` returns them)."""
         return self.load_many([seq])[0]
 
     def verify(self) -> dict[str, int]:

@@ -19,7 +19,9 @@ from schemas.events import Event
 from storage import _store
 from storage._format import (
     HEADERS,
+    LOG_FORMAT,
     ROUTING,
+    ROUTING_SETS,
     Commit,
     RoutingShape,
     crc32c,
@@ -74,6 +76,10 @@ class SegmentWriter:
                 f"num_experts={stored.num_experts}); this writer was opened with (layers={routing.layers}, "
                 f"k={routing.k}, num_experts={routing.num_experts}); use a new log or writer id for a new model")
         self.routing = routing or stored
+        stored_format = root.attrs.get("t1_event_log", LOG_FORMAT)
+        log_format = stored_format if isinstance(stored_format, int) else LOG_FORMAT
+        self._sets = (self.routing.set_codec if self.routing is not None and log_format >= 3
+                      and self._config.routing_encoding == "sets" else None)  # None: routing stored as ids
         if group.attrs.get("writer_id") != self.writer_id or (routing and stored is None):
             group.attrs.update({"writer_id": self.writer_id, "t1_segment": 1,
                                 "routing": self.routing.to_attrs() if self.routing else None})
@@ -98,7 +104,9 @@ class SegmentWriter:
         """The arrays events will go to: headers, routing (with a routing shape), and one per dtype
         of the events' 1-D payloads."""
         arrays: dict[str, tuple[np.dtype, tuple[int, ...]]] = {HEADERS: (np.dtype(np.uint8), ())}
-        if self.routing is not None:
+        if self._sets is not None:
+            arrays[ROUTING_SETS] = (np.dtype(np.uint8), (self._sets.row_bytes,))
+        elif self.routing is not None:
             arrays[ROUTING] = (self.routing.dtype, (self.routing.layers, self.routing.k))
         for kind in known_kinds():
             record = lookup(kind)
@@ -128,7 +136,8 @@ class SegmentWriter:
         stream = self._streams.get(name)
         if stream is None:
             array = (_array(self._group, name) if name in self._group
-                     else create_array(self._group, name, dtype, inner, self._config))
+                     else create_array(self._group, name, dtype, inner, self._config,
+                                       self._sets if name == ROUTING_SETS else None))
             stream = self._streams[name] = self._open_stream(name, array, 0, None)
             self._chunked = self._chunked or isinstance(stream, ChunkStream)
         return stream
@@ -187,8 +196,12 @@ class SegmentWriter:
             if value is None:
                 continue
             if spec.ndim == 3:  # the only rank-3 payload is a routing record [tokens, layers, k]
-                rows = np.ascontiguousarray(self._check_routing(kind, fieldname, value))
-                payloads[fieldname] = (ROUTING, rows, list(value.shape))
+                routing = self._check_routing(kind, fieldname, value)
+                sets = None if self._sets is None else self._sets.encode(routing)
+                if sets is not None:  # stored as sets: reads back sorted within each (token, layer)
+                    payloads[fieldname] = (ROUTING_SETS, sets, list(value.shape))
+                else:  # ids layout, or a record that repeats an id in some selection: stored as given
+                    payloads[fieldname] = (ROUTING, np.ascontiguousarray(routing), list(value.shape))
             else:
                 if value.dtype.byteorder == ">":  # the arrays hold little-endian values
                     value = value.astype(value.dtype.newbyteorder("<"))

@@ -7,11 +7,15 @@ logprobs are a few KB each. On a directory rows go straight into one file per ar
 only sets the granularity of the checksums that name a damaged chunk.
 
 Defaults were picked with ``bench/log_append.py`` (2k-token turns, 48x8 routing) on the development
-machine. Routing ids are ~97% of the bytes and near-uniform: no codec shrinks them, and any codec
-costs more CPU per byte than writing them (blosc-lz4 alone held appends to ~0.1-0.3 of a raw file).
-So the default is no compression: on a directory the arrays are then packed into one file each and
-appends run at raw-file speed. ``codec="lz4"`` (bitshuffle on ids, masks, logprobs) trades that
-speed for smaller token arrays and keeps zarr's one-file-per-chunk layout.
+machine. Routing ids are ~97% of the bytes and near-uniform: no general-purpose codec shrinks them,
+and any codec costs more CPU per byte than writing them (blosc-lz4 alone held appends to ~0.1-0.3 of
+a raw file). So the default is no byte compression: on a directory the arrays are then packed into
+one file each. Routing is instead stored as sets (``routing_encoding="sets"``): the order of the k
+ids of a selection means nothing to R3, and a top-8 set of 256 takes 49 bits instead of 64 (294
+B/token at 48 x 8 instead of 384; ``bench/routing_codec.py`` measures what that costs in CPU).
+``routing_encoding="ids"`` keeps one id per byte in the router's order, at raw-file speed.
+``codec="lz4"`` (bitshuffle on ids, masks, logprobs) trades speed for smaller token arrays and
+keeps zarr's one-file-per-chunk layout.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ class StorageConfig(BaseModel):
     routing_chunk_bytes: int = Field(1 << 20, ge=1024, description="bytes per chunk of the routing array")
     vector_chunk_bytes: int = Field(1 << 17, ge=1024, description="bytes per chunk of ids, masks, logprobs, ...")
     header_chunk_bytes: int = Field(1 << 16, ge=1024, description="bytes per chunk of the msgpack header array")
+    routing_encoding: Literal["sets", "ids"] = Field(
+        "sets", description="sets: each (token, layer) top-k selection stored as its combinatorial number "
+        "(log2 C(E, k) bits; read back sorted ascending within the set); ids: one id per byte (E <= 256) "
+        "in the order given. Logs of format 2 and shapes whose sets need more than 64 bits keep ids")
     codec: Literal["lz4", "lz4hc", "zstd", "zlib", "none"] = "none"
     clevel: int = Field(1, ge=0, le=9)
     numeric_shuffle: Shuffle = "bitshuffle"

@@ -79,3 +79,17 @@ def test_routing_record_is_one_byte_per_id():
     packed = routing_to_numpy(record, num_experts=8)
     assert packed.dtype == np.uint8 and packed.nbytes == 4
     assert torch.equal(routing_from_numpy(packed), record)
+
+
+def test_replay_is_bit_exact_whatever_the_order_inside_each_set():
+    """The log returns each selection sorted by expert id: R3 must not care (top-8: float sums of the
+    gate normaliser would otherwise round differently per order)."""
+    config = CONFIG.model_copy(update={"num_experts": 64, "top_k": 8})
+    torch.manual_seed(0)
+    model = MoEPolicy(config).eval()
+    ids = torch.randint(0, CONFIG.vocab_size, (2, 64))
+    with torch.no_grad():
+        live = model(ids, capture_routing=True)
+        by_id = model(ids, routing_replay=torch.sort(live.routing, dim=-1).values).logits
+        shuffled = model(ids, routing_replay=live.routing[..., torch.randperm(8)]).logits
+    assert torch.equal(by_id, live.logits) and torch.equal(shuffled, live.logits)

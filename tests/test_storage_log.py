@@ -239,7 +239,8 @@ def _pack_file(location: Path, array: str) -> Path:
 
 def test_corrupted_chunk_is_named(tmp_path):
     location = tmp_path / "log"
-    log = EventLog.open(location, create=True, config=StorageConfig(codec="none", routing_chunk_bytes=1024))
+    config = StorageConfig(codec="none", routing_chunk_bytes=1024, routing_encoding="ids")
+    log = EventLog.open(location, create=True, config=config)
     with log.writer("w", **ROUTING) as writer:
         for seq in range(6):
             writer.append(sampler_turn(seq))

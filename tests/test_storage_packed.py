@@ -14,6 +14,7 @@ from storage_helpers import EXPERTS, LAYERS, TINY_CHUNKS, K, sampler_turn
 from schemas import SamplerTurn
 from storage import EventLog, LogError, StorageConfig
 from storage._packed import PACKED_ATTR, PackedStore, reserve, reserve_pays
+from storage._routing import SetCodec
 
 ROUTING = dict(routing_shape=(LAYERS, K), num_experts=EXPERTS)
 
@@ -31,16 +32,17 @@ def test_log_arrays_are_zarr_arrays_in_one_file_each(tmp_path):
         for turn in turns:
             writer.append(turn)
     segment = location / "segments" / "w"
-    assert files_under(segment / "routing") == ["c/packed", "zarr.json"]
+    assert files_under(segment / "routing_sets") == ["c/packed", "zarr.json"]
     assert files_under(segment / "int32") == ["c/packed", "zarr.json"]
     # zarr itself reads the rows back through the store, chunk by chunk
-    routing = zarr.open_array(PackedStore(location), path="segments/w/routing", mode="r")
-    expected = np.concatenate([t.routing for t in turns])
-    assert routing.chunks[0] * LAYERS * K == 1024  # many chunks, one file
+    routing = zarr.open_array(PackedStore(location), path="segments/w/routing_sets", mode="r")
+    codec = SetCodec(LAYERS, K, EXPERTS)
+    expected = np.concatenate([codec.encode(t.routing) for t in turns])
+    assert routing.chunks[0] == 1024 // codec.row_bytes  # many chunks, one file
     assert np.array_equal(routing[:len(expected)], expected)
     assert not routing[len(expected):len(expected) + 10].any()  # past the data: fill value
     group = zarr.open_group(PackedStore(location), path="segments/w", mode="r")
-    assert {"routing", "int32", "float32", "headers"} <= set(group.array_keys())
+    assert {"routing_sets", "int32", "float32", "headers"} <= set(group.array_keys())
 
 
 def test_packed_store_through_the_zarr_api(tmp_path):
@@ -137,13 +139,14 @@ def test_a_local_store_passed_in_opens_packed_and_old_formats_are_named(tmp_path
         writer.append(sampler_turn(0))
     assert EventLog.open(tmp_path / "log").get("w:0") == sampler_turn(0)
     zarr.create_group(zarr.storage.LocalStore(tmp_path / "old"), attributes={"t1_event_log": 1})
-    with pytest.raises(LogError, match=r"format 1; this t1 reads format 2 only \(read it with the t1 that wrote it\)"):
+    with pytest.raises(LogError, match=r"format 1; this t1 reads formats 2, 3 only \(read it with the t1 that wrote it\)"):
         EventLog.open(tmp_path / "old")
 
 
 def test_truncated_pack_file_is_named(tmp_path):
     location = tmp_path / "log"
-    log = EventLog.open(location, create=True, config=StorageConfig(routing_chunk_bytes=1024))
+    config = StorageConfig(routing_chunk_bytes=1024, routing_encoding="ids")  # routing_sets: test_storage_routing
+    log = EventLog.open(location, create=True, config=config)
     with log.writer("w", **ROUTING) as writer:
         for seq in range(4):
             writer.append(sampler_turn(seq))

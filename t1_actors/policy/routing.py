@@ -1,7 +1,10 @@
 """Expert routing of one MoE layer: live top-k selection, and R3 replay of a recorded selection.
 
 A routing record holds, per token and per MoE layer, the ids of the k experts the router selected
-(in the router's order, highest probability first). The sampler captures it while generating; the
+(the sampler reports them in the router's order, highest probability first; the event log stores the
+set and reads it back sorted by id). The order does not matter here: the experts' outputs are
+combined per expert (``Experts`` groups tokens by expert id) and the gates' normaliser is summed in
+a canonical order (``set_sum``), so a permuted record replays bit for bit. The sampler captures it while generating; the
 learner replays it (rollout routing replay, R3) so that the training forward uses the very experts
 the behaviour policy used, while the gate weights still carry gradient from the live router.
 """
@@ -23,8 +26,16 @@ def topk_gate(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> 
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
     gates, experts = torch.topk(probs, top_k, dim=-1)
     if norm_topk_prob:
-        gates = gates / gates.sum(dim=-1, keepdim=True)
+        gates = gates / set_sum(gates)
     return gates, experts
+
+
+def set_sum(gates: torch.Tensor) -> torch.Tensor:
+    """``sum(gates, -1)`` (keepdim) independent of the order of the k values: summed in ascending
+    order. A float sum depends on its order; R3 takes its selection from a record that the log
+    stores as a set (sorted by expert id, not by probability), so live routing and replay must
+    normalise in one canonical order for a replayed forward to equal the live one bit for bit."""
+    return torch.sort(gates, dim=-1).values.sum(dim=-1, keepdim=True)
 
 
 def r3_gate(router_logits: torch.Tensor, recorded_experts: torch.Tensor, norm_topk_prob: bool) -> torch.Tensor:
@@ -46,7 +57,7 @@ def r3_gate(router_logits: torch.Tensor, recorded_experts: torch.Tensor, norm_to
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
     gates = probs.gather(-1, recorded)
     if norm_topk_prob:
-        gates = gates / gates.sum(dim=-1, keepdim=True)
+        gates = gates / set_sum(gates)
     return gates
 
 

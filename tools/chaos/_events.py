@@ -2,7 +2,8 @@
 process that reads the log can check, bit for bit, what another process wrote (and was killed writing).
 
 Kinds rotate with ``seq`` (``seq % len(EVENT_KINDS)``); arrays get random bit patterns of an allowed
-dtype (routing: the writer's shape and dtype, ids below ``EXPERTS``), scalars a value inside their
+dtype (routing: the writer's shape and dtype, ids below ``EXPERTS``, each (token, layer) selection
+sorted when its ids are distinct, as the log stores sets), scalars a value inside their
 bounds. A kind whose own validators refuse the generic values is built with fewer optional fields."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 from schemas import known_kinds, lookup
 from schemas.events import Event
+from storage import stored_routing
 
 LAYERS, K, EXPERTS = 4, 2, 8  # the routing shape every chaos writer is opened with
 ROUTING = dict(routing_shape=(LAYERS, K), num_experts=EXPERTS)
@@ -77,8 +79,8 @@ def event_for(seq: int, writer: str = "w") -> Event:
         for name, info in cls.model_fields.items():
             spec = cls.array_fields().get(name)
             if spec is not None:
-                if spec.ndim == 3:
-                    fields[name] = nprng.integers(0, EXPERTS, (lengths[name], LAYERS, K), dtype=np.uint8)
+                if spec.ndim == 3:  # in the form the log reads back (sets sorted), so reads compare bit for bit
+                    fields[name] = stored_routing(nprng.integers(0, EXPERTS, (lengths[name], LAYERS, K), dtype=np.uint8))
                 else:
                     dtype = np.dtype(rng.choice(spec.dtypes))
                     fields[name] = np.frombuffer(nprng.bytes(lengths[name] * dtype.itemsize), dtype).copy()

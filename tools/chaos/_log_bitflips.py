@@ -27,6 +27,8 @@ def _committed_files(location: Path, config: StorageConfig) -> list[tuple[Path, 
     for array_dir in sorted(p for p in seg.iterdir() if p.is_dir()):
         packed = array_dir / "c" / "packed"
         if packed.exists():
+            if not packed.stat().st_size:  # an array no event used yet (routing_sets when no record was a set)
+                continue
             chunk_bytes = EventLog.open(location, config=config).store.pack_file(
                 f"{segment_dir('w')}/{array_dir.name}").chunk_bytes
             out.append((packed, array_dir.name, lambda off, cb=chunk_bytes: off // cb))
