@@ -1,7 +1,8 @@
 """Rollout logic: one trial of a terminal task, as an agent loop, apart from any orchestration.
 
-The loop is the harness a user would write: render the chat so far with the template, tokenize it
-(this is p_i, what the sampler sees), sample an assistant turn (a_i, with logprobs and routing), parse
+The loop is the harness a user would write: render the chat so far with the template, tokenize it (this is
+p_i, what the sampler sees; only the text after the last turn boundary it shares with p_{i-1} is tokenized
+again, ``rollout.prompt``), sample an assistant turn (a_i, with logprobs and routing), parse
 its tool call, run the command in the trial's sandbox, append the (truncated) output as a tool turn,
 repeat until the agent answers without a tool call, runs out of turns, or out of context. The harness
 re-renders parsed tool calls rather than echoing sampled text, exactly like real harnesses do, which is
@@ -24,6 +25,7 @@ import numpy as np
 from t1_actors.policy.chat_template import parse_tool_calls, render_chat
 from t1_actors.policy.sampling import Generation
 from t1_actors.rollout.context import ContextEdit, Strategy, fit_context
+from t1_actors.rollout.prompt import IncrementalTokens
 
 Render = Callable[..., str]  # (messages, add_generation_prompt=...) -> text, e.g. ChatTokenizer.apply_chat_template
 
@@ -160,8 +162,10 @@ async def run_trial(
     if rollout.turns and rollout.messages[-1]["role"] == "assistant" and rollout.turns[-1].commands:
         if not await _run_commands(rollout, rollout.turns[-1].commands, len(rollout.turns) - 1, execute, limits):
             return rollout
+    tokens = IncrementalTokens(encode)  # tokenizes what each turn adds: the harness stays linear in the trial
+
     def prompt_of(messages: list[dict[str, Any]]) -> np.ndarray:
-        return np.asarray(encode(render(messages, add_generation_prompt=True)), dtype=np.int32)
+        return tokens(render(messages, add_generation_prompt=True))
 
     for turn in range(len(rollout.turns), limits.max_turns):
         if limits.max_total_new_tokens is not None and rollout.tokens >= limits.max_total_new_tokens:

@@ -1,0 +1,72 @@
+"""A trial's prompts tokenized by what each turn adds, not from scratch: the harness's tokenizing cost per turn
+follows the turn's new text instead of the whole chat's.
+
+A chat template renders every turn as ``<|im_start|>ROLE ...``; ``<|im_start|>`` is an added (special) token, which
+a tokenizer splits out before anything else, so the text on either side of it is tokenized independently. The ids of
+a new prompt are then the previous prompt's ids up to the last ``<|im_start|>`` the two texts share, followed by the
+ids of the text from there on. Where the template re-rendered history differently (a context edit, a template
+that rewrites past turns), the shared part is shorter and more is tokenized: the ids are always exactly those of
+tokenizing the whole text (tests/test_rollout_prompt.py checks it against full tokenization on both tokenizers).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+import numpy as np
+
+from t1_actors.policy.chat_template import IM_START
+
+
+def common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of two strings (memcmp-speed: no Python loop over characters)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
+    while high - low > 1:
+        mid = (low + high) // 2
+        if a[low:mid] == b[low:mid]:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+class IncrementalTokens:
+    """``tokens(text)``: the ids of ``encode(text)``, re-tokenizing only the text after the last turn boundary
+    (``boundary``, a single added token) that ``text`` shares with the previous call's."""
+
+    def __init__(self, encode: Callable[[str], list[int]], boundary: str = IM_START):
+        self.encode = encode
+        boundary_ids = encode(boundary)
+        self.boundary, self.boundary_id = boundary, boundary_ids[0] if len(boundary_ids) == 1 else None
+        self._text = ""
+        self._ids = np.zeros(0, np.int32)
+        self._cut_chars: list[int] = []  # where each boundary starts in the previous text ...
+        self._cut_tokens: list[int] = []  # ... and its index in the previous ids
+        self.tokenized_chars = 0  # characters this instance tokenized, over all calls (the harness's work)
+
+    def __call__(self, text: str) -> np.ndarray:
+        if self.boundary_id is None:  # no single-token boundary: every prompt from scratch
+            self.tokenized_chars += len(text)
+            return np.asarray(self.encode(text), dtype=np.int32)
+        shared = common_prefix(text, self._text)
+        k = bisect.bisect_right(self._cut_chars, shared)  # boundaries that start inside the shared text
+        char, token = (self._cut_chars[k - 1], self._cut_tokens[k - 1]) if k else (0, 0)
+        tail = np.asarray(self.encode(text[char:]), dtype=np.int32)
+        self.tokenized_chars += len(text) - char
+        chars, start = [], char
+        while (found := text.find(self.boundary, start)) >= 0:
+            chars.append(found)
+            start = found + len(self.boundary)
+        tokens = (token + np.flatnonzero(tail == self.boundary_id)).tolist()
+        ids = np.concatenate([self._ids[:token], tail])
+        kept = max(k - 1, 0)  # the cut re-tokenized from is found again in the tail
+        if len(chars) == len(tokens):
+            self._cut_chars, self._cut_tokens = self._cut_chars[:kept] + chars, self._cut_tokens[:kept] + tokens
+        else:  # the boundary's text did not become its id somewhere: no cut is trusted, the next call starts at 0
+            self._cut_chars, self._cut_tokens = [], []
+        self._text, self._ids = text, ids
+        return ids
