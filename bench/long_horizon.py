@@ -43,16 +43,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from log_append import make_trajectory  # noqa: E402
 from routing_codec import side_by_side  # noqa: E402
 
-from log_append import make_trajectory  # noqa: E402
 from storage import EventLog, StorageConfig  # noqa: E402
 from storage._routing import SetCodec  # noqa: E402
 from t1_actors import tito  # noqa: E402
 from t1_actors.policy import MoEPolicy, load_tokenizer  # noqa: E402
 from t1_actors.policy.chat_template import IM_END, render_tool_call  # noqa: E402
 from t1_actors.policy.config import ModelConfig  # noqa: E402
-from t1_actors.policy.sampling import NO_PREFIX, Generation, SamplingParams, TurnPrefix, generate  # noqa: E402
+from t1_actors.policy.generation import NO_PREFIX, Generation, TurnPrefix  # noqa: E402
+from t1_actors.policy.sampling import SamplingParams, generate  # noqa: E402
 from t1_actors.rollout import first_messages  # noqa: E402
 from t1_actors.rollout.prompt import IncrementalTokens  # noqa: E402
 from tools._replay.drift import token_logprobs  # noqa: E402

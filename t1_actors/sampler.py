@@ -35,7 +35,8 @@ from t1_actors.backends.sampler_backend import (
 )
 from t1_actors.layout import sha256_file
 from t1_actors.policy import ModelConfig, MoEPolicy
-from t1_actors.policy.sampling import Generation, SamplingParams, TurnPrefix
+from t1_actors.policy.generation import Generation, TurnPrefix
+from t1_actors.policy.sampling import SamplingParams
 from t1_actors.runtime.actor import Actor, handles
 
 

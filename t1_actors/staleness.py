@@ -33,7 +33,7 @@ from storage.config import StorageConfig
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.eval.protocol import EvalConfig, pass_k_subset
 from t1_actors.layout import checkpoints_dir, tokenizer_path
-from t1_actors.policy.sampling import NO_PREFIX, Generation, TurnPrefix
+from t1_actors.policy.generation import NO_PREFIX, Generation, TurnPrefix
 from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
 from t1_actors.rollout import ToolOutcome
 from t1_actors.rollout.admission import StalenessConfig

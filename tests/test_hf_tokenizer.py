@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from t1_actors import tito
 from t1_actors.policy import ChatTokenizer, load_tokenizer
 from t1_actors.policy.chat_tokenizer import BASH_TOOL
-from t1_actors.policy.sampling import Generation
+from t1_actors.policy.generation import Generation
 from t1_actors.policy.tokenizer import DEFAULT_TOKENIZER, special_token_ids
 from t1_actors.rollout import ToolOutcome, assistant_message, run_trial
 

@@ -12,7 +12,7 @@ import trio
 from schemas import ContextEdited, TrialEnded, TrialIssued
 from t1_actors import tito
 from t1_actors.policy.chat_template import render_chat
-from t1_actors.policy.sampling import Generation
+from t1_actors.policy.generation import Generation
 from t1_actors.rollout import RolloutLimits, ToolOutcome, run_trial
 from t1_actors.rollout.context import DROPPED_OUTPUT, drop_old_outputs, fit_context, turn_starts, window
 from t1_actors.rollout.endings import trial_endings

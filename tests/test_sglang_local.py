@@ -16,7 +16,7 @@ from t1_actors.backends.sglang_server import SGLangServer, SGLangServerError, se
 from t1_actors.job.config import parse_config
 from t1_actors.job.local_sglang import sampler_engine, server_sizes, wants_local_server, with_sampler_url
 from t1_actors.policy import ModelConfig, MoEPolicy
-from t1_actors.policy.sampling import Generation
+from t1_actors.policy.generation import Generation
 from t1_actors.rollout import RolloutLimits, run_trial
 from t1_actors.schedule import CampaignConfig
 

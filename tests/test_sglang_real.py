@@ -32,7 +32,8 @@ from t1_actors.backends.sglang_sampler import SGLangError, SGLangSampler
 from t1_actors.backends.sglang_server import SETUP_HINT, SGLangServer, SGLangServerError, check_venv, sglang_venv
 from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate
 from t1_actors.policy import ModelConfig, MoEPolicy
-from t1_actors.policy.sampling import Generation, SamplingParams
+from t1_actors.policy.generation import Generation
+from t1_actors.policy.sampling import SamplingParams
 from t1_actors.rollout import RolloutLimits, ToolOutcome, run_trial
 from t1_actors.train.ppo import PPOConfig
 from tools._replay.drift import token_logprobs

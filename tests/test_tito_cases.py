@@ -27,7 +27,7 @@ from _tito_harness import (
 import schemas
 from t1_actors import tito
 from t1_actors.policy.chat_template import IM_END, render_chat
-from t1_actors.policy.sampling import Generation
+from t1_actors.policy.generation import Generation
 from t1_actors.rollout import RolloutLimits, ToolOutcome, run_trial
 
 TEXTS = [tool_call_text("ls -la /app", "I'll list the files."), tool_call_text("wc -w /app/notes.txt"),

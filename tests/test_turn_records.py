@@ -11,7 +11,7 @@ from _tito_harness import play, project_tokenizer, tool_call_text
 
 import schemas
 from t1_actors import tito
-from t1_actors.policy.sampling import Generation, TurnPrefix
+from t1_actors.policy.generation import Generation, RoutingRows, TurnPrefix
 
 TEXTS = [tool_call_text("ls -la /app", "I'll list the files."), tool_call_text("wc -w /app/notes.txt"),
          tool_call_text("cat /app/next.txt")]
@@ -81,7 +81,7 @@ def test_a_turn_of_a_new_version_records_all_its_rows_and_one_of_the_same_versio
         "t-1", 1, TurnPrefix.after(turns[0].prompt_ids, turns[0].sampled_ids, turns[0].routing, 0,
                                    turns[1].prompt_ids))
     assert reply.routing_start == same.routing_start and len(reply.routing) == len(same.routing)  # the wire too
-    whole = Generation.from_reply(reply, len(turns[1].prompt_ids)).with_prefix_rows(turns[0].routing)
+    whole = RoutingRows().full(Generation.from_reply(reply, len(turns[1].prompt_ids)), turns[0].routing)
     np.testing.assert_array_equal(whole.routing, turns[1].routing)
 
 
@@ -102,3 +102,18 @@ def test_a_turn_that_extends_a_missing_turn_is_named(tok):
     turns = routed(play(tok, TEXTS))
     with pytest.raises(tito.TitoError, match="turn 1 extends a previous turn that is not given"):
         tito.expand_turns(stored_turns(turns)[1:])
+
+
+def test_a_trials_routing_rows_are_views_of_one_buffer_and_a_new_version_starts_another(tok):
+    """The trial runner's ``RoutingRows``: the turns of one version extend one buffer in place (each turn's rows a
+    view, no copy of the prefix), a turn of a new version starts a new buffer, and every turn's rows stay its own."""
+    turns = routed(play(tok, TEXTS * 2, turns_per_version=3))  # versions 0, 0, 0, 1, 1, 1
+    stored, rows, kept = stored_turns(turns), RoutingRows(), []
+    for event, turn in zip(stored, turns):
+        reply = Generation(len(turn.prompt_ids), turn.sampled_ids.astype(np.int32), turn.sampler_logprobs,
+                           event.routing, "stop", turn.policy_version, routing_start=event.routing_start)
+        kept.append(rows.full(reply, kept[-1] if kept else None).routing)
+    for got, turn in zip(kept, turns):
+        np.testing.assert_array_equal(got, turn.routing)
+    assert kept[1].base is kept[0].base is kept[2].base  # one version: one buffer
+    assert kept[3].base is not kept[0].base and kept[4].base is kept[3].base

@@ -21,7 +21,8 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from t1_actors.policy.config import ModelConfig
-from t1_actors.policy.sampling import Generation, SamplingParams
+from t1_actors.policy.generation import Generation
+from t1_actors.policy.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import trio
 from schemas import routing_dtype
 from t1_actors.backends.sampler_backend import BackendUnavailable, EngineInfo, GenerateSpec, SamplerConfig
 from t1_actors.policy.config import ModelConfig
-from t1_actors.policy.sampling import FinishReason, Generation
+from t1_actors.policy.generation import FinishReason, Generation
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
 _ABORT_TRIES = 50

@@ -22,7 +22,8 @@ import trio
 
 from t1_actors.backends.sampler_backend import EngineInfo, GenerateSpec, SamplerConfig
 from t1_actors.policy import MoEPolicy
-from t1_actors.policy.sampling import ContinuousBatcher, Generation
+from t1_actors.policy.generation import Generation
+from t1_actors.policy.sampling import ContinuousBatcher
 
 
 @dataclass

@@ -16,11 +16,12 @@ Tokenizer: ``t1_actors.policy.chat_tokenizer`` (loading, HF templates), ``t1_act
 from t1_actors.policy._hf import from_pretrained
 from t1_actors.policy.chat_tokenizer import ChatTokenizer, load_tokenizer
 from t1_actors.policy.config import ModelConfig, Qwen35MoeConfig
+from t1_actors.policy.generation import Generation
 from t1_actors.policy.kv_cache import KVCache
 from t1_actors.policy.model import MoEBackbone, MoEPolicy, PolicyOutput
 from t1_actors.policy.qwen35 import HybridCache, Qwen35MoePolicy
 from t1_actors.policy.routing import r3_gate, topk_gate
-from t1_actors.policy.sampling import ContinuousBatcher, Generation, SamplingParams, generate
+from t1_actors.policy.sampling import ContinuousBatcher, SamplingParams, generate
 
 __all__ = ["ChatTokenizer", "load_tokenizer", "ModelConfig", "Qwen35MoeConfig", "Qwen35MoePolicy", "HybridCache",
            "MoEPolicy", "MoEBackbone", "PolicyOutput", "KVCache", "from_pretrained",

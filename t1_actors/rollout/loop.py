@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from t1_actors.policy.chat_template import parse_tool_calls, render_chat
-from t1_actors.policy.sampling import Generation
+from t1_actors.policy.generation import Generation, RoutingRows
 from t1_actors.rollout.context import ContextEdit, Strategy, fit_context
 from t1_actors.rollout.prompt import IncrementalTokens
 
@@ -106,6 +106,7 @@ class TrialRollout:
     started: float = field(default_factory=time.monotonic)  # a continuation keeps its original's start
     truncations: Counter[str] = field(default_factory=Counter)  # tool_output | turn_tokens -> cuts
     context_edits: list[ContextEdit] = field(default_factory=list)
+    routing_rows: RoutingRows = field(default_factory=RoutingRows)  # the turns' rows: views of one buffer
 
     @property
     def tokens(self) -> int:

@@ -22,7 +22,7 @@ import trio
 from schemas import ContextEdited, EvalResult, StalenessDecision, TrialEnded, TrialIssued, VerifierResult
 from t1_actors import tito
 from t1_actors.policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
-from t1_actors.policy.sampling import NO_PREFIX, TurnPrefix
+from t1_actors.policy.generation import NO_PREFIX, TurnPrefix
 from t1_actors.rollout.admission import LengthBias, StalenessConfig, admit, policy_lag
 from t1_actors.rollout.loop import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
 from t1_actors.stats import wilson_interval
@@ -112,7 +112,7 @@ class TrialRunner:
                 previous.prompt_ids, previous.sampled_ids, previous.routing, previous.policy_version, prompt_ids)
             generation = await ports.generate(trial_id, turn, prompt_ids, seed=seed, temperature=temperature,
                                               prefix=prefix)
-            return generation.with_prefix_rows(None if previous is None else previous.routing)
+            return rollout_so_far.routing_rows.full(generation, None if previous is None else previous.routing)
 
         async def execute(command: str, turn: int) -> ToolOutcome:
             return await ports.execute(sandbox_id, turn, command, task.limits.command_timeout_s)

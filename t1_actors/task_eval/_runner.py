@@ -21,7 +21,7 @@ import trio
 
 from schemas import SandboxExec, TrialEnded, TrialIssued
 from t1_actors.backends._sandbox.interface import SandboxInfraError
-from t1_actors.policy.sampling import NO_PREFIX, Generation, TurnPrefix
+from t1_actors.policy.generation import NO_PREFIX, Generation, TurnPrefix
 from t1_actors.rollout import ToolOutcome
 from t1_actors.rollout.inprocess import InProcessPorts
 
