@@ -157,7 +157,7 @@ def test_boundary_figures_count_cases_reasoning_and_template_changes(tok, tasks)
     logged_chunks = [Logged(boundary_cases=list(c.boundary_cases)) for c in chunks]
     report = boundary_report({"t": logged_chunks}, {"t": logged_turns}, tok.backend_tokenizer)
     assert report["multi_turn"] == report["multi_turn_with_reasoning"] == report["multi_turn_reasoning_every_turn"] == 1
-    assert report["repair_cases"] == {"strict": n - 2, "normalized": 0, "retokenized": 0, "split": 1}
+    assert report["repair_cases"] == {"strict": n - 2, "normalized": 0, "retokenized": 0, "split": 1, "version": 0}
     assert report["classified"] == report["repair_cases"]  # stripped reasoning deep in history: no repair holds
     assert report["template_changes"]["text_changed"] == 1
     assert report["template_changes"]["changed"] == 1 and report["template_changes"]["diff_tokens"]["max"] == diff
