@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from schemas import LearnerStep, StalenessDecision, TrialEnded, TrialIssued, VerifierResult, WeightsPublished
+from schemas import (
+    ContextEdited,
+    LearnerStep,
+    StalenessDecision,
+    TrajectoryAssembled,
+    TrialEnded,
+    TrialIssued,
+    VerifierResult,
+    WeightsPublished,
+)
 from t1_actors.layout import sha256_file
 from tools._replay.audit import Audit, audit_events
 
@@ -107,3 +116,26 @@ def test_the_chaos_reports_audit_mutations_are_each_caught_on_a_real_shaped_log(
     out = audit_mutations(events, tmp_path)
     assert out["audit_mutations"] == {"tried": len(MUTATIONS), "caught": len(MUTATIONS)}, out["audit_mutations_each"]
     assert audit_events(events).clean  # the mutations worked on copies: the log itself is untouched
+
+
+def _chunk(trial_id: str, index: int, reward: float) -> TrajectoryAssembled:
+    ids = np.arange(6, dtype=np.int32)
+    return TrajectoryAssembled(trial_id=trial_id, chunk=index, task_id="t", token_ids=ids,
+                               loss_mask=np.array([0, 0, 1, 1, 0, 1], np.uint8), sampler_logprobs=np.zeros(6, np.float32),
+                               token_versions=np.zeros(6, np.int32), boundary_cases=["version"] if index else [],
+                               reward=reward, policy_version=0, turns=1)
+
+
+def test_a_trials_chunks_are_one_trajectory_and_its_context_edits_are_counted(events):
+    edit = ContextEdited(trial_id="r0", turn=3, strategy="window", tokens_before=900, tokens_after=400,
+                         messages_edited=4)
+    whole = [*events, ("c:0", _chunk("r0", 0, 0.5)), ("c:1", _chunk("r0", 1, 0.5)), ("c:2", edit),
+             ("c:3", TrialEnded(trial_id="r0", finish="max_turns", context_edits=1))]
+    audit = audit_events(whole)
+    assert audit.clean and audit.trials_assembled == 1, audit.to_json()
+    doctored = [*events, ("c:0", _chunk("r0", 0, 0.5)), ("c:1", _chunk("r0", 2, 0.25)), ("c:2", edit),
+                ("c:3", TrialEnded(trial_id="r0", finish="max_turns", context_edits=0))]
+    audit = audit_events(doctored)
+    assert not audit.clean
+    assert (audit.chunks_misnumbered, audit.chunk_rewards_differ, audit.context_edits_uncounted) == (1, 1, 1)
+    assert audit.examples["context_edits_uncounted"] == ["r0: 1 edits, its ending counts 0"]

@@ -10,7 +10,9 @@ What a trusted log promises, checked from the log alone (and the weights files i
 - learner steps are contiguous (0, 1, 2, ... with none missing or repeated), each consumes a trajectory
   at most once, and only admitted ones;
 - weight versions are published in increasing order, once each, and each version's file matches the
-  checksum its event records.
+  checksum its event records;
+- a trial's trajectory chunks (a TITO split, a context edit or a new policy version each open one) are numbered
+  0, 1, 2, ... and all carry the trial's one reward; each context edit is counted by its trial's ending.
 
 Every count that must be 0 comes with the count of what was checked, so an audit that checked nothing
 cannot pass for a clean one (``Audit.clean`` requires both).
@@ -26,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from schemas import (
+    ContextEdited,
     Event,
     LearnerStep,
     StalenessDecision,
+    TrajectoryAssembled,
     TrialEnded,
     TrialIssued,
     VerifierResult,
@@ -57,11 +61,16 @@ class Audit:
     versions_out_of_order: int = 0  # a version published at or below an earlier one
     weights_checked: int = 0
     weights_mismatched: int = 0  # missing file, or its sha256 differs from the event's
+    trials_assembled: int = 0
+    chunks_misnumbered: int = 0  # a trial's chunks are not 0, 1, 2, ... (one missing, repeated or out of order)
+    chunk_rewards_differ: int = 0  # the chunks of one trial carry different rewards
+    context_edits_uncounted: int = 0  # a trial's ContextEdited events differ from its TrialEnded.context_edits
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     MUST_BE_ZERO = ("events_duplicated", "trials_unaccounted", "trials_final_twice", "continuations_unlinked",
                     "learner_steps_gap", "trajectories_consumed_twice", "trajectories_consumed_unadmitted",
-                    "versions_out_of_order", "weights_mismatched")
+                    "versions_out_of_order", "weights_mismatched", "chunks_misnumbered", "chunk_rewards_differ",
+                    "context_edits_uncounted")
     CHECKED = ("events_checked", "trials_issued")  # must be > 0 for the zeros to mean anything
 
     @property
@@ -96,6 +105,9 @@ def audit_events(events: Iterable[tuple[str, Event]], *, weights_root: Path | No
     continued_from: dict[str, str] = {}  # continuation -> the cancelled trial it resumes
     steps: list[LearnerStep] = []
     published: list[WeightsPublished] = []
+    chunks: dict[str, list[TrajectoryAssembled]] = defaultdict(list)
+    edits: Counter = Counter()
+    counted_edits: dict[str, int] = {}
     for event_id, event in events:
         audit.events_checked += 1
         digest = hashlib.sha256(encode(event)).digest()
@@ -115,8 +127,14 @@ def audit_events(events: Iterable[tuple[str, Event]], *, weights_root: Path | No
                 failed.add(event.trial_id)
             else:
                 verified[event.trial_id] += 1
-        elif isinstance(event, TrialEnded) and event.infra_error is not None:
-            failed.add(event.trial_id)
+        elif isinstance(event, TrialEnded):
+            counted_edits[event.trial_id] = event.context_edits
+            if event.infra_error is not None:
+                failed.add(event.trial_id)
+        elif isinstance(event, TrajectoryAssembled):
+            chunks[event.trial_id].append(event)
+        elif isinstance(event, ContextEdited):
+            edits[event.trial_id] += 1
         elif isinstance(event, LearnerStep):
             steps.append(event)
         elif isinstance(event, WeightsPublished):
@@ -124,7 +142,26 @@ def audit_events(events: Iterable[tuple[str, Event]], *, weights_root: Path | No
     _audit_trials(audit, issued, decisions, verified, failed, continued_from)
     _audit_steps(audit, steps, decisions)
     _audit_versions(audit, published, weights_root)
+    _audit_chunks(audit, chunks, edits, counted_edits)
     return audit
+
+
+def _audit_chunks(audit: Audit, chunks: dict[str, list[TrajectoryAssembled]], edits: Counter,
+                  counted_edits: dict[str, int]) -> None:
+    """One trajectory per trial, however many chunks: numbered from 0 without gaps, one reward for all."""
+    for trial_id, trial_chunks in chunks.items():
+        audit.trials_assembled += 1
+        if sorted(c.chunk for c in trial_chunks) != list(range(len(trial_chunks))):
+            audit.chunks_misnumbered += 1
+            audit.note("chunks_misnumbered", trial_id)
+        if len({c.reward for c in trial_chunks}) > 1:
+            audit.chunk_rewards_differ += 1
+            audit.note("chunk_rewards_differ", trial_id)
+    for trial_id, n in edits.items():
+        if counted_edits.get(trial_id) != n:
+            audit.context_edits_uncounted += 1
+            audit.note("context_edits_uncounted", f"{trial_id}: {n} edits, its ending counts "
+                                                  f"{counted_edits.get(trial_id)}")
 
 
 def audit_log(log, run_dir: str | Path | None = None) -> Audit:
