@@ -17,8 +17,14 @@ from t1_actors.policy.segment_kv import math_attention_backward, math_attention_
 from t1_actors.policy.value import ValueModel
 from t1_actors.train import ppo, segments
 from t1_actors.train.batch import TrajectoryBatch
-from t1_actors.train.passes import (TokenSums, Trainable, policy_backward, policy_logprobs, value_backward,
-                                    value_estimates)
+from t1_actors.train.passes import (
+    TokenSums,
+    Trainable,
+    policy_backward,
+    policy_logprobs,
+    value_backward,
+    value_estimates,
+)
 from t1_actors.train.segments import KVLayout
 
 SMALL = ModelConfig(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
