@@ -171,3 +171,22 @@ def test_a_model_whose_attention_does_not_serve_segments_is_refused_by_name():
     cache = SegmentKV(1, 1, 1, 4, 8)
     with pytest.raises(TypeError, match="max_tokens_per_microbatch"):
         cache.update(0, torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4))
+
+
+def test_a_chunk_over_the_budget_of_a_model_without_segments_is_refused_by_name():
+    """Qwen3.5's hybrid trunk carries recurrent state no SegmentKV holds: its budget groups rows only."""
+    from t1_actors.policy.config import Qwen35MoeConfig
+    from t1_actors.policy.qwen35 import Qwen35MoePolicy
+    from t1_actors.train.segments import segment_layout
+
+    hybrid = Qwen35MoePolicy(Qwen35MoeConfig(
+        vocab_size=61, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, num_experts=4, top_k=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=24, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        layer_types=("linear_attention", "full_attention")))
+    assert segment_layout(hybrid) is None and segment_layout(MoEPolicy(SMALL)) is not None
+    trainable = Trainable(hybrid, list(hybrid.parameters()), torch.optim.SGD(hybrid.parameters(), lr=0.0),
+                          max_tokens=16, kv_layout=segment_layout(hybrid))
+    assert [m.rows.tolist() for m in trainable.plan(torch.ones(4, 8, dtype=torch.bool))] == [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match="chunk of 40 positions exceeds max_tokens_per_microbatch = 16"):
+        trainable.plan(torch.ones(1, 40, dtype=torch.bool))

@@ -20,7 +20,7 @@ from t1_actors.policy.value import ValueModel
 from t1_actors.train import ppo
 from t1_actors.train.batch import TrajectoryBatch, collate
 from t1_actors.train.optim import make_optimizer
-from t1_actors.train.segments import KVLayout
+from t1_actors.train.segments import segment_layout
 from t1_actors.train.step import (
     Trainable,
     advantages_and_returns,
@@ -67,7 +67,7 @@ class TorchCritic:
     def trainable(self) -> Trainable:
         return Trainable(self.model, [p for p in self.model.parameters() if p.requires_grad], self.optimizer,
                          max_tokens=self.max_tokens_per_microbatch,
-                         kv_layout=KVLayout.of(self.model.config, self.model.model.embed_tokens.weight))
+                         kv_layout=segment_layout(self.model))
 
     @property
     def device(self) -> torch.device:

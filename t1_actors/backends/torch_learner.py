@@ -35,7 +35,7 @@ from t1_actors.policy.segment_kv import SegmentKV
 from t1_actors.train import ppo
 from t1_actors.train.batch import TrajectoryBatch, collate
 from t1_actors.train.optim import freeze_all_but, make_optimizer  # noqa: F401  (re-exported: megatron_learner, warmstart)
-from t1_actors.train.segments import KVLayout
+from t1_actors.train.segments import segment_layout
 from t1_actors.train.step import Trainable, run_ppo_step, world_size
 
 __all__ = ["TorchLearner", "TorchCritic", "StepResult", "PublishedWeights", "WarmupReport", "TrajectoryBatch",
@@ -114,7 +114,7 @@ class TorchLearner:
     def trainable(self) -> Trainable:
         return Trainable(self._forward, [p for p in self.policy.parameters() if p.requires_grad], self.optimizer,
                          max_tokens=self.max_tokens_per_microbatch,
-                         kv_layout=KVLayout.of(self.policy.config, self.policy.model.embed_tokens.weight))
+                         kv_layout=segment_layout(self.policy))
 
     def step(self, batch: TrajectoryBatch) -> StepResult:
         """One PPO step (``epochs`` x ``minibatches`` updates) on this rank's share of a batch."""

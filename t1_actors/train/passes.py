@@ -21,8 +21,9 @@ from t1_actors.train.segments import KVLayout, Microbatch
 class Trainable:
     """What the step needs of a model: how to run it, what to update, and the optimiser doing it.
 
-    ``max_tokens``: the micro-batch budget in positions (None: a minibatch in one pass). A budget needs
-    ``kv_layout`` and a ``forward`` that takes a ``cache=`` keyword (the K/V of the earlier segments).
+    ``max_tokens``: the micro-batch budget in positions (None: a minibatch in one pass). Cutting a chunk into
+    segments needs ``kv_layout`` (the model's K/V shape) and a ``forward`` that takes a ``cache=`` keyword (a
+    ``SegmentKV``); without them the budget only groups rows, and a chunk longer than it is refused.
     """
 
     forward: Callable
@@ -31,13 +32,15 @@ class Trainable:
     max_tokens: int | None = None
     kv_layout: KVLayout | None = None
 
-    def __post_init__(self) -> None:
-        if self.max_tokens is not None and self.kv_layout is None:
-            raise ValueError("Trainable.max_tokens needs kv_layout (the model's K/V shape for the segment cache)")
-
     def plan(self, valid: torch.Tensor) -> list[Microbatch]:
         """Micro-batches of the rows of ``valid [r, T]`` (real input positions) within ``max_tokens``."""
-        return segments.plan(valid.sum(1).tolist(), valid.shape[1], self.max_tokens)
+        micro = segments.plan(valid.sum(1).tolist(), valid.shape[1], self.max_tokens)
+        if self.kv_layout is None and any(len(m.segments) > 1 for m in micro):
+            longest = int(valid.sum(1).max())
+            raise ValueError(f"a chunk of {longest} positions exceeds max_tokens_per_microbatch = {self.max_tokens} "
+                             "and this model cannot run in segments (only MoEBackbone's attention reads a "
+                             f"SegmentKV); raise max_tokens_per_microbatch to at least {longest}")
+        return micro
 
 
 def _policy_forward(policy: Trainable, capture: bool) -> segments.SegmentForward:

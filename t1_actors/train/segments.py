@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from t1_actors.policy.model import MoEBackbone
 from t1_actors.policy.segment_kv import SegmentKV
 
 # forward(inputs [r, s], routing [r, s, L, k] | None, cache | None) -> the model's output on those positions
@@ -57,6 +58,15 @@ class KVLayout:
     def cache(self, rows: int, width: int) -> SegmentKV:
         return SegmentKV(self.num_layers, rows, self.kv_heads, self.head_dim, width, dtype=self.dtype,
                          device=self.device)
+
+
+def segment_layout(model: torch.nn.Module) -> KVLayout | None:
+    """The K/V layout of a policy or value model whose trunk is ``MoEBackbone`` (the attention that reads a
+    ``SegmentKV``); None for any other (Qwen3.5's hybrid trunk keeps recurrent state a segment cannot carry)."""
+    trunk = model.model
+    if type(trunk) is not MoEBackbone:
+        return None
+    return KVLayout.of(model.config, trunk.embed_tokens.weight)
 
 
 @dataclass(frozen=True)
