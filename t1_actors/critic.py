@@ -46,6 +46,10 @@ class CriticConfig(BaseModel):
     warmup_trajectories: int = Field(0, ge=0, description="warm-up trials to expect before valuing (0: no warm-up)")
     warmup_batch: int = Field(32, gt=0, description="trajectories per forward during warm-up")
     threads: int = Field(1, gt=0)
+    max_tokens_per_microbatch: int = Field(
+        32768, ge=64,
+        description="the most token positions one forward/backward of the value model holds: its own key, as the "
+                    "critic is its own process (and a position costs it no logits); same rule as [learner]'s")
     seed: int = 0
     poll_interval_s: float = Field(0.05, gt=0)
 
@@ -195,7 +199,8 @@ class CriticActor(Actor):
                 policy = MoEPolicy(self.model_config)
         cfg = self.ppo_config
         model = ValueModel.from_policy(policy) if cfg.value_init_from_policy else ValueModel(policy.config)
-        self.engine = TorchCritic(model, cfg, seed=self.critic_config.seed)
+        self.engine = TorchCritic(model, cfg, seed=self.critic_config.seed,
+                                  max_tokens_per_microbatch=self.critic_config.max_tokens_per_microbatch)
         if self.checkpoint_path.is_file():
             state = torch.load(self.checkpoint_path, weights_only=True)
             self.engine.load_state_dict(state["critic"])

@@ -50,6 +50,12 @@ class LearnerConfig(BaseModel):
                                    description="admitted trials per PPO step; None = [staleness] batch_size")
     replay: bool = Field(True, description="R3: the training forward replays the sampler's routing")
     fidelity_metrics: bool = Field(True, description="also measure the logprob gap / routing mismatch without R3")
+    max_tokens_per_microbatch: int = Field(
+        32768, ge=64,
+        description="the most token positions one forward/backward holds (torch backend): a minibatch above it runs "
+                    "as groups of rows, a chunk longer than it in segments that keep only the earlier segments' K/V "
+                    "(same loss and gradients); memory then grows with a chunk only by its K/V and their gradients. "
+                    "The default holds today's 32 x 768-token batches in one pass")
     threads: int = Field(2, gt=0)
     seed: int = 0
     poll_interval_s: float = Field(0.05, gt=0)
@@ -183,7 +189,8 @@ class LearnerActor(Actor):
                              "fix [model] or point policy_path at a matching checkpoint")
         lc = self.learner_config
         engine = open_learner_backend(lc.backend, policy, self.ppo_config, policy_version=max(version, 0),
-                                      replay=lc.replay, fidelity_metrics=lc.fidelity_metrics, seed=lc.seed)
+                                      replay=lc.replay, fidelity_metrics=lc.fidelity_metrics, seed=lc.seed,
+                                      max_tokens_per_microbatch=lc.max_tokens_per_microbatch)
         self.engine = engine
         if self.checkpoint_path.is_file():
             state = json.loads(engine.load_checkpoint(self.checkpoint_path).decode())

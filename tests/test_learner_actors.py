@@ -29,7 +29,7 @@ def _config(actor_config, *, warmup_trajectories=4, roles=("learner", "critic"))
     return actor_config(*(actors[role] for role in roles), run_id="learner-test", model=TINY.model_dump(),
                         learner={"batch_size": BATCH, "threads": 1, "poll_interval_s": 0.02},
                         critic={"warmup_trajectories": warmup_trajectories, "poll_interval_s": 0.02},
-                        ppo={"minibatches": 2})
+                        ppo={"minibatches": 2}, campaign={"max_context": TINY.max_position})
 
 
 def _write(log: EventLog, name: str, events) -> None:

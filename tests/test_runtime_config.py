@@ -181,6 +181,8 @@ def test_the_shipped_configs_pass_check(capsys, quick):
     ("[sampler]\ntemperature = 0.7\n[ppo]\ntemperature = 1.0\n", ("[sampler] temperature", "[ppo] temperature")),
     ('[ppo]\nactor_params = ["*norm*"]\ncritic_lr = 1e-3\n[learner]\nbackend = "megatron"\n',
      ("actor_params", "backend")),
+    ("[campaign]\nmax_context = 4096\n[model]\nmax_position = 2048\n",
+     ("[campaign] max_context = 4096", "[model] max_position = 2048", "lower max_context")),
 ])
 def test_every_entry_point_refuses_what_launch_refuses(tmp_path, capsys, body, keys):
     """The rules across sections (RunConfig's validators) run on every load: launch, check and each actor's own

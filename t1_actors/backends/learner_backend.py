@@ -38,8 +38,10 @@ class LearnerBackend(Protocol):
 
 
 def open_learner_backend(backend: Backend, policy: MoEPolicy, cfg: ppo.PPOConfig, *, policy_version: int = 0,
-                         replay: bool = True, fidelity_metrics: bool = True, seed: int = 0) -> LearnerBackend:
-    """The engine ``backend`` names, holding ``policy`` at ``policy_version``."""
+                         replay: bool = True, fidelity_metrics: bool = True, seed: int = 0,
+                         max_tokens_per_microbatch: int | None = None) -> LearnerBackend:
+    """The engine ``backend`` names, holding ``policy`` at ``policy_version``. ``max_tokens_per_microbatch``
+    bounds the torch backend's forward/backward (megatron sizes its own micro-batches)."""
     if backend == "megatron":
         from t1_actors.backends.megatron_learner import MegatronLearner  # megatron-core is an optional extra
 
@@ -49,5 +51,6 @@ def open_learner_backend(backend: Backend, policy: MoEPolicy, cfg: ppo.PPOConfig
         return engine
     if backend == "torch":
         return TorchLearner(policy, cfg, policy_version=policy_version, replay=replay,
-                            fidelity_metrics=fidelity_metrics, seed=seed)
+                            fidelity_metrics=fidelity_metrics, seed=seed,
+                            max_tokens_per_microbatch=max_tokens_per_microbatch)
     raise ValueError(f"[learner] backend = {backend!r}: use 'torch' or 'megatron'")

@@ -20,7 +20,14 @@ from t1_actors.policy.value import ValueModel
 from t1_actors.train import ppo
 from t1_actors.train.batch import TrajectoryBatch, collate
 from t1_actors.train.optim import make_optimizer
-from t1_actors.train.step import Trainable, advantages_and_returns, monte_carlo_returns, run_value_updates
+from t1_actors.train.segments import segment_layout
+from t1_actors.train.step import (
+    Trainable,
+    advantages_and_returns,
+    monte_carlo_returns,
+    run_value_updates,
+    value_estimates,
+)
 
 __all__ = ["TorchCritic", "WarmupReport"]
 
@@ -42,8 +49,12 @@ class WarmupReport:
 class TorchCritic:
     """The value model with its optimiser (critic lr = 30x actor lr by default)."""
 
-    def __init__(self, model: ValueModel, cfg: ppo.PPOConfig, *, version: int = 0, seed: int = 0, group=None):
+    def __init__(self, model: ValueModel, cfg: ppo.PPOConfig, *, version: int = 0, seed: int = 0, group=None,
+                 max_tokens_per_microbatch: int | None = None):
+        """``max_tokens_per_microbatch``: the most positions one forward/backward holds (None: a batch in one
+        pass); a longer chunk runs in segments (``t1_actors.train.segments``), same values and gradient."""
         self.model, self.cfg, self.version, self.seed, self.group = model, cfg, version, seed, group
+        self.max_tokens_per_microbatch = max_tokens_per_microbatch
         self.optimizer = make_optimizer(model, cfg.effective_critic_lr, cfg)
         self.updates = 0
 
@@ -54,7 +65,9 @@ class TorchCritic:
 
     @property
     def trainable(self) -> Trainable:
-        return Trainable(self.model, [p for p in self.model.parameters() if p.requires_grad], self.optimizer)
+        return Trainable(self.model, [p for p in self.model.parameters() if p.requires_grad], self.optimizer,
+                         max_tokens=self.max_tokens_per_microbatch,
+                         kv_layout=segment_layout(self.model))
 
     @property
     def device(self) -> torch.device:
@@ -64,7 +77,7 @@ class TorchCritic:
     def values(self, batch: TrajectoryBatch) -> torch.Tensor:
         """V(x_<t) per token ``[B, T]`` (0 at t = 0 and on padding): the critic's output at t - 1."""
         out = torch.zeros(batch.token_ids.shape, dtype=torch.float32, device=batch.token_ids.device)
-        out[:, 1:] = self.model(batch.inputs.to(self.device)).to(out.device)
+        out[:, 1:] = value_estimates(self.trainable, batch.to(self.device)).to(out.device)
         return out * batch.valid
 
     def critic_values(self, trajectory: TrajectoryAssembled) -> CriticValues:

@@ -31,9 +31,11 @@ from schemas import LearnerStep, PolicyUpdate, WeightsPublished
 from t1_actors.backends.torch_critic import TorchCritic, WarmupReport  # re-exported
 from t1_actors.layout import sha256_file, version_dirname  # re-exported: megatron_learner, tools
 from t1_actors.policy.model import MoEPolicy
+from t1_actors.policy.segment_kv import SegmentKV
 from t1_actors.train import ppo
 from t1_actors.train.batch import TrajectoryBatch, collate
 from t1_actors.train.optim import freeze_all_but, make_optimizer  # re-exported: megatron_learner, warmstart
+from t1_actors.train.segments import segment_layout
 from t1_actors.train.step import Trainable, run_ppo_step, world_size
 
 __all__ = ["TorchLearner", "TorchCritic", "StepResult", "PublishedWeights", "WarmupReport", "TrajectoryBatch",
@@ -89,8 +91,11 @@ class TorchLearner:
 
     def __init__(self, policy: MoEPolicy, cfg: ppo.PPOConfig, *, critic: TorchCritic | None = None,
                  policy_version: int = 0, replay: bool = True, fidelity_metrics: bool = True,
-                 seed: int = 0, group=None):
+                 seed: int = 0, group=None, max_tokens_per_microbatch: int | None = None):
+        """``max_tokens_per_microbatch``: the most positions one forward/backward holds (None: a minibatch in
+        one pass); a longer chunk runs in segments (``t1_actors.train.segments``), same loss and gradient."""
         self.policy, self.cfg, self.critic = policy, cfg, critic
+        self.max_tokens_per_microbatch = max_tokens_per_microbatch
         self.replay, self.fidelity_metrics, self.seed, self.group = replay, fidelity_metrics, seed, group
         self.trained_params = freeze_all_but(policy, cfg.actor_params)
         self.optimizer = make_optimizer(policy, cfg.actor_lr, cfg, cfg.policy_optimizer)
@@ -101,13 +106,15 @@ class TorchLearner:
     def device(self) -> torch.device:
         return next(self.policy.parameters()).device
 
-    def _forward(self, inputs: torch.Tensor, routing: torch.Tensor | None, capture: bool):
-        out = self.policy(inputs, routing_replay=routing, capture_routing=capture)
+    def _forward(self, inputs: torch.Tensor, routing: torch.Tensor | None, capture: bool, cache: SegmentKV | None = None):
+        out = self.policy(inputs, routing_replay=routing, capture_routing=capture, past_key_values=cache)
         return out.logits, out.routing
 
     @property
     def trainable(self) -> Trainable:
-        return Trainable(self._forward, [p for p in self.policy.parameters() if p.requires_grad], self.optimizer)
+        return Trainable(self._forward, [p for p in self.policy.parameters() if p.requires_grad], self.optimizer,
+                         max_tokens=self.max_tokens_per_microbatch,
+                         kv_layout=segment_layout(self.policy))
 
     def step(self, batch: TrajectoryBatch) -> StepResult:
         """One PPO step (``epochs`` x ``minibatches`` updates) on this rank's share of a batch."""

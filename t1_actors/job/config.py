@@ -97,6 +97,16 @@ class RunConfig(RuntimeConfig):
         return self
 
     @model_validator(mode="after")
+    def _context_fits_the_model(self) -> RunConfig:
+        """A trial's context is positions 0 .. max_context - 1 of the model: past ``max_position`` the served model
+        (SGLang's context length, HF's config) refuses it or runs positions it was never trained at."""
+        context, positions = self.campaign.max_context, self.model.max_position
+        if context > positions:
+            raise ValueError(f"[campaign] max_context = {context} is above [model] max_position = {positions}; lower "
+                             f"max_context to at most {positions} or raise max_position to at least {context}")
+        return self
+
+    @model_validator(mode="after")
     def _sft_passes_have_a_source(self) -> RunConfig:
         """SFT passes read from elsewhere need an elsewhere: the run the SFT policy itself comes from."""
         if self.eval.sft_passes == "warm_start" and self.campaign.warm_start_from is None:

@@ -13,6 +13,7 @@ from torch import nn
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.kv_cache import KVCache
 from t1_actors.policy.routing import r3_gate, topk_gate
+from t1_actors.policy.segment_kv import SegmentKV
 
 
 class RMSNorm(nn.Module):
@@ -77,6 +78,8 @@ class Attention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(batch, steps, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(batch, steps, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if isinstance(cache, SegmentKV):  # a segment of a long sequence: causal over the cached prefix and itself
+            return self.o_proj(cache.attend(self.layer, q, k, v).transpose(1, 2).reshape(batch, steps, -1))
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         causal = mask is None and k.shape[2] == steps and steps > 1

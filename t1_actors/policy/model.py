@@ -1,6 +1,6 @@
 """The MoE policy: a Qwen3-MoE compatible decoder that records its routing and can replay a record.
 
-``MoEPolicy(config)(input_ids, ...)`` returns a ``PolicyOutput`` with float32 logits, the final
+``MoEPolicy(config)(input_ids, ...)`` returns a ``PolicyOutput`` with float32 logits (float64 for a float64 model), the final
 normed hidden states (for a value head) and, when asked, the expert ids every MoE layer selected.
 ``MoEBackbone`` is the trunk without the LM head, for a critic that brings its own head.
 Weights are saved as a Hugging Face Qwen3-MoE directory (config.json + model.safetensors), which
@@ -18,11 +18,12 @@ from torch import nn
 from t1_actors.policy._layers import DecoderLayer, RMSNorm, RotaryEmbedding
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.kv_cache import KVCache
+from t1_actors.policy.segment_kv import SegmentKV
 
 
 @dataclass
 class PolicyOutput:
-    """``logits [B,T,V]`` (float32), ``routing [B,T,L,k]`` (int64 expert ids, or None),
+    """``logits [B,T,V]`` (at least float32), ``routing [B,T,L,k]`` (int64 expert ids, or None),
     ``hidden_states [B,T,H]`` (final normed), ``past_key_values`` (a ``KVCache`` when use_cache)."""
 
     logits: torch.Tensor | None
@@ -107,7 +108,8 @@ class MoEBackbone(nn.Module):
         if attention_mask is not None:
             attention_mask = attention_mask.to(device)
         rope = self.rotary_emb(_positions(attention_mask, batch, steps, past, device), h.dtype)
-        mask = _attention_bias(attention_mask, steps, past, device)
+        # a SegmentKV applies the causal rule itself (no [T, past + T] mask for a long prefix)
+        mask = None if isinstance(cache, SegmentKV) else _attention_bias(attention_mask, steps, past, device)
         selected = []
         for i, layer in enumerate(self.layers):
             replay = routing_replay[:, :, i] if routing_replay is not None else None
@@ -163,7 +165,8 @@ class MoEPolicy(nn.Module):
         out = self.model(input_ids, routing_replay=routing_replay, capture_routing=capture_routing,
                          attention_mask=attention_mask, past_key_values=past_key_values, use_cache=use_cache)
         hidden = out.hidden_states[:, -logits_to_keep:] if logits_to_keep > 0 else out.hidden_states
-        logits = self.lm_head(hidden).float()
+        logits = self.lm_head(hidden)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> float32; float64 stays
         return PolicyOutput(logits, out.routing, out.hidden_states, out.past_key_values)
 
     def num_parameters(self, active: bool = False) -> int:

@@ -15,11 +15,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from t1_actors.policy.config import ModelConfig
+from t1_actors.policy.kv_cache import KVCache
 from t1_actors.policy.model import MoEBackbone, MoEPolicy
 
 
 class ValueModel(nn.Module):
-    """``forward(input_ids [B,T]) -> values [B,T]`` (float32), one V per position."""
+    """``forward(input_ids [B,T]) -> values [B,T]`` (float32, float64 for a float64 model), one V per position."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -43,9 +44,12 @@ class ValueModel(nn.Module):
         value.model.load_state_dict(policy.backbone.state_dict())
         return value.to(next(policy.parameters()).device)
 
-    def forward(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = self.model(input_ids, attention_mask=attention_mask).hidden_states
-        return self.value_head(hidden).squeeze(-1).float()
+    def forward(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                past_key_values: KVCache | None = None) -> torch.Tensor:
+        """V per position; ``past_key_values``: the K/V of earlier positions (a ``SegmentKV`` for a segment)."""
+        hidden = self.model(input_ids, attention_mask=attention_mask, past_key_values=past_key_values).hidden_states
+        values = self.value_head(hidden).squeeze(-1)
+        return values.to(torch.promote_types(values.dtype, torch.float32))
 
     def save(self, path: str | Path) -> Path:
         """``config.json`` + ``value.safetensors`` in directory ``path`` (atomic file replace)."""

@@ -292,7 +292,7 @@ def entropy(logits: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0,
 
         H_j = - sum_a pi(a|s_j) log pi(a|s_j),  pi = softmax(logits / tau)
     """
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = torch.log_softmax(_at_least_float32(logits) / temperature, dim=-1)
     per_token = -(logp.exp() * logp).sum(dim=-1)
     return masked_mean(per_token, mask, normalizer)
 
@@ -326,5 +326,10 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log pi(x_t | x_<t) of the taken tokens at the sampling temperature: log_softmax(z / tau)[x_t]."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = torch.log_softmax(_at_least_float32(logits) / temperature, dim=-1)
     return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 logits in float32 (the softmax's precision); float64 ones stay float64 (the exactness tests)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))

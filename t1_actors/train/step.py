@@ -4,6 +4,10 @@ A backend hands in its policy as a ``Trainable``: a forward ``(inputs [B,T], rou
 capture_routing) -> (logits [B,T,V], routing [B,T,L,k] | None)``, its parameters and its optimiser
 (and, for a colocated critic, a value forward ``inputs -> V [B,T]``). The maths is ``t1_actors.train.ppo``.
 
+Memory: with ``Trainable.max_tokens`` a minibatch runs as micro-batches of at most that many positions
+(``t1_actors.train.segments``: rows grouped, a long row in segments with the earlier segments' K/V cached);
+every loss is still divided by the minibatch's global loss-token count, so the update is the same.
+
 Data parallel: each rank holds its own shard of the batch. Losses are token sums divided by the
 *global* loss-token count of the minibatch, gradients are summed over ranks (one flat all-reduce), so
 the update equals the single-process update on the whole batch. Metrics are reduced the same way.
@@ -13,8 +17,7 @@ With ``minibatches > 1`` each rank splits its own shard; a global minibatch is t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import torch
 import torch.distributed as dist
@@ -22,18 +25,19 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from t1_actors.train import ppo
 from t1_actors.train.batch import TrajectoryBatch
+from t1_actors.train.passes import (
+    TokenSums,
+    Trainable,
+    logprob_gap_sum,
+    policy_backward,
+    policy_logprobs,
+    value_backward,
+    value_estimates,
+)
 
-PolicyForward = Callable[[torch.Tensor, "torch.Tensor | None", bool], "tuple[torch.Tensor, torch.Tensor | None]"]
-ValueForward = Callable[[torch.Tensor], torch.Tensor]
+__all__ = ["Trainable", "TokenSums", "run_ppo_step", "run_value_updates", "value_estimates", "world_size",
+           "all_reduce_sum", "advantages_and_returns", "monte_carlo_returns", "fidelity_without_replay"]
 
-
-@dataclass
-class Trainable:
-    """What the step needs of a model: how to run it, what to update, and the optimiser doing it."""
-
-    forward: Callable
-    parameters: list[torch.nn.Parameter]
-    optimizer: torch.optim.Optimizer
 
 
 # ----------------------------------------------------------------------------------------- collectives
@@ -71,6 +75,11 @@ def allreduce_gradients(parameters: list[torch.nn.Parameter], group=None) -> Non
 def optimizer_step(model: Trainable, loss: torch.Tensor, max_grad_norm: float, group=None) -> float:
     model.optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    return apply_gradients(model, max_grad_norm, group)
+
+
+def apply_gradients(model: Trainable, max_grad_norm: float, group=None) -> float:
+    """Sum ``.grad`` over ranks, clip, step; returns the gradient norm before clipping."""
     allreduce_gradients(model.parameters, group)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters, max_grad_norm)
     model.optimizer.step()
@@ -111,11 +120,6 @@ def monte_carlo_returns(batch: TrajectoryBatch, cfg: ppo.PPOConfig) -> torch.Ten
 
 # -------------------------------------------------------------------------------------------- fidelity
 
-def logprob_gap_sum(logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum over loss tokens of |train logprob - sampler logprob| (divide by the token count for the mean)."""
-    return ((logprobs.detach() - sampler_logprobs).abs() * mask).sum()
-
-
 def routing_mismatch_counts(live: torch.Tensor, record: torch.Tensor, valid: torch.Tensor) -> tuple[int, int]:
     """(recorded expert choices the live router did not make, all choices) over real positions.
 
@@ -127,10 +131,9 @@ def routing_mismatch_counts(live: torch.Tensor, record: torch.Tensor, valid: tor
 
 
 @torch.no_grad()
-def fidelity_without_replay(forward: PolicyForward, batch: TrajectoryBatch, temperature: float) -> torch.Tensor:
+def fidelity_without_replay(policy: Trainable, batch: TrajectoryBatch, temperature: float) -> torch.Tensor:
     """[gap sum, loss tokens, mismatched choices, choices] of a forward that routes live (no R3)."""
-    logits, live = forward(batch.inputs, None, batch.routing is not None)
-    logprobs = ppo.token_logprobs(logits, batch.targets, temperature)
+    logprobs, live = policy_logprobs(policy, batch, None, temperature, capture=batch.routing is not None)
     gap = logprob_gap_sum(logprobs, batch.sampler_logprobs[:, 1:], batch.action_mask)
     mismatched, choices = (0, 0)
     if batch.routing is not None:
@@ -149,24 +152,6 @@ def minibatch_plan(batch_size: int, cfg: ppo.PPOConfig, seed: int) -> list[tuple
         for m in range(cfg.minibatches):
             plan.append((epoch, order[m::cfg.minibatches]))
     return plan
-
-
-@dataclass
-class TokenSums:
-    """The step's per-token metrics as sums over this rank's loss tokens (``reduced`` sums them over
-    data-parallel ranks): clip fraction, approx KL and entropy, each weighted by a minibatch's loss tokens
-    (``tokens``); the |sampler - learner| logprob gap over the tokens it was measured on (``gap_tokens``)."""
-
-    clip: float = 0.0
-    kl: float = 0.0
-    entropy: float = 0.0
-    tokens: float = 0.0
-    gap: float = 0.0
-    gap_tokens: float = 0.0
-
-    def reduced(self, group) -> TokenSums:
-        values = torch.tensor([getattr(self, f.name) for f in fields(self)], dtype=torch.float64)
-        return TokenSums(*all_reduce_sum(values, group).tolist())
 
 
 def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, *,
@@ -195,15 +180,13 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
     sampler_logprobs = batch.sampler_logprobs[:, 1:]
     sums = TokenSums()
     if cfg.old_logprobs == "recompute":
-        with torch.no_grad():
-            old_logprobs = ppo.token_logprobs(policy.forward(batch.inputs, routing, False)[0], batch.targets,
-                                              cfg.temperature)
+        old_logprobs, _ = policy_logprobs(policy, batch, routing, cfg.temperature)
         sums.gap += float(logprob_gap_sum(old_logprobs, sampler_logprobs, mask))
         sums.gap_tokens += float(mask.sum())
     else:
         old_logprobs = sampler_logprobs
 
-    no_replay = fidelity_without_replay(policy.forward, batch, cfg.temperature) if fidelity and replay else None
+    no_replay = fidelity_without_replay(policy, batch, cfg.temperature) if fidelity and replay else None
 
     policy_loss = value_loss = 0.0  # summed over updates, each already divided by the global token count
     grad_norms = []
@@ -216,36 +199,19 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
             if critic is not None:
                 optimizer_step(critic, _zero_loss(critic), cfg.max_grad_norm, group)
             continue
-        logits, _ = policy.forward(batch.inputs[rows], None if routing is None else routing[rows], False)
-        logprobs = ppo.token_logprobs(logits, batch.targets[rows], cfg.temperature)
-        loss, clip_fraction = ppo.ppo_policy_loss(logprobs, old_logprobs[rows], advantages[rows], mb_mask,
-                                                  cfg.clip_eps, normalizer)
-        count = float(mb_mask.sum())
-        if cfg.entropy_coef > 0:
-            ent = ppo.entropy(logits, mb_mask, cfg.temperature)
-            loss = loss - cfg.entropy_coef * ent * count / normalizer
-        else:
-            with torch.no_grad():
-                ent = ppo.entropy(logits.detach(), mb_mask, cfg.temperature)
-        with torch.no_grad():
-            kl = ppo.approx_kl(logprobs.detach(), old_logprobs[rows], mb_mask)
-            sums.clip += float(clip_fraction) * count
-            sums.kl += float(kl) * count
-            sums.entropy += float(ent) * count
-            sums.tokens += count
-            if update == 0 and cfg.old_logprobs == "sampler":  # the only forward before any update
-                sums.gap += float(logprob_gap_sum(logprobs, sampler_logprobs[rows], mb_mask))
-                sums.gap_tokens += count
-        policy_loss += float(loss.detach())
-        grad_norms.append(optimizer_step(policy, loss, cfg.max_grad_norm, group))
+        measure_gap = update == 0 and cfg.old_logprobs == "sampler"  # the only forward before any update
+        policy.optimizer.zero_grad(set_to_none=True)
+        loss = policy_backward(policy, batch, rows, None if routing is None else routing[rows], old_logprobs[rows],
+                                advantages[rows], normalizer, cfg, sums, measure_gap)
+        policy_loss += loss
+        grad_norms.append(apply_gradients(policy, cfg.max_grad_norm, group))
         if critic is not None:
-            values = critic.forward(batch.inputs[rows])
-            v_loss = ppo.clipped_value_loss(values, old_values[rows], returns[rows], mb_mask,
-                                            cfg.value_clip_eps, normalizer)
-            value_loss += float(v_loss.detach())
-            optimizer_step(critic, v_loss, cfg.max_grad_norm, group)
+            critic.optimizer.zero_grad(set_to_none=True)
+            value_loss += value_backward(critic, batch, rows, returns[rows], old_values[rows], normalizer, cfg)
+            apply_gradients(critic, cfg.max_grad_norm, group)
 
-    sums = sums.reduced(group)
+    sums = TokenSums(*all_reduce_sum(torch.tensor([getattr(sums, f.name) for f in fields(sums)],
+                                                  dtype=torch.float64), group).tolist())
     policy_loss, value_loss = (all_reduce_sum(torch.tensor([policy_loss, value_loss], dtype=torch.float64), group)
                                / len(plan)).tolist()
     tokens = all_reduce_sum(torch.tensor([float(batch.num_tokens), float(batch.action_mask.sum()),
@@ -291,14 +257,10 @@ def run_value_updates(critic: Trainable, batch: TrajectoryBatch, returns: torch.
         if not rows:
             optimizer_step(critic, _zero_loss(critic), cfg.max_grad_norm, group)
             continue
-        values = critic.forward(batch.inputs[rows])
-        if clipped:
-            loss = ppo.clipped_value_loss(values, old_values[rows], returns[rows], mb_mask, cfg.value_clip_eps,
-                                          normalizer)
-        else:
-            loss = ppo.value_loss(values, returns[rows], mb_mask, normalizer)
-        total += float(loss.detach())
-        optimizer_step(critic, loss, cfg.max_grad_norm, group)
+        critic.optimizer.zero_grad(set_to_none=True)
+        total += value_backward(critic, batch, rows, returns[rows], old_values[rows] if clipped else None,
+                                 normalizer, cfg)
+        apply_gradients(critic, cfg.max_grad_norm, group)
     return {"value_loss": float(all_reduce_sum(torch.tensor(total), group)) / len(plan)}
 
 
