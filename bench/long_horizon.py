@@ -12,7 +12,8 @@ Keys (a dict keyed by turns where it says so):
   whole prompt and every routing row per turn), measured up to ``--whole-up-to`` turns (it grows as N/2).
 - ``max_tokens``: the longest trial's tokens.
 - ``harness_cpu_last_over_first``: the harness's CPU per turn (render, tokenize, the turn's record) in the last
-  decile of turns over the first, at the most turns; ``*_full_tokenize`` the same with every prompt tokenized whole.
+  decile of turns over the first, at the most turns; ``*_full_tokenize`` the same with every prompt rendered and
+  tokenized whole (the harness before ``rollout.prompt``).
 - ``loss_region_drift`` (0) and ``tito_case_shares`` over the longest trial's boundaries.
 - ``routing_bytes_per_token_disk``, ``append_ratio``, ``replay_ratio``: bench/routing_codec.py's side-by-side run.
 - ``r3_gap_single_version``, ``r3_gap_multi_version``: mean |learner - sampler| logprob on loss tokens of
@@ -50,12 +51,12 @@ from storage import EventLog, StorageConfig  # noqa: E402
 from storage._routing import SetCodec  # noqa: E402
 from t1_actors import tito  # noqa: E402
 from t1_actors.policy import MoEPolicy, load_tokenizer  # noqa: E402
-from t1_actors.policy.chat_template import IM_END, render_tool_call  # noqa: E402
+from t1_actors.policy.chat_template import IM_END, render_chat, render_tool_call  # noqa: E402
 from t1_actors.policy.config import ModelConfig  # noqa: E402
 from t1_actors.policy.generation import NO_PREFIX, Generation, TurnPrefix  # noqa: E402
 from t1_actors.policy.sampling import SamplingParams, generate  # noqa: E402
 from t1_actors.rollout import first_messages  # noqa: E402
-from t1_actors.rollout.prompt import IncrementalTokens  # noqa: E402
+from t1_actors.rollout.prompt import IncrementalRender, IncrementalTokens  # noqa: E402
 from tools._replay.drift import token_logprobs  # noqa: E402
 
 LAYERS, TOP_K, EXPERTS = 48, 8, 256
@@ -78,7 +79,8 @@ def scripted_trial(turns: int, tokenizer, table: dict[int, np.ndarray], *, whole
                    log_dir: Path | None, versions_every: int | None = None) -> dict:
     """Play ``turns`` scripted turns through the harness path; append each turn's record (and the assembled
     trajectory) to a fresh log at ``log_dir``. Returns the trial's figures."""
-    render, encode = tokenizer.apply_chat_template, tokenizer.encode
+    encode = tokenizer.encode
+    render = IncrementalRender(render_chat if tokenizer.chat_template is None else tokenizer.apply_chat_template)
     tokens = IncrementalTokens(encode)
     rng = np.random.default_rng(turns)
     messages = first_messages("Follow the chain of files from /data/start.txt to its end and fix what it names.")
@@ -88,8 +90,10 @@ def scripted_trial(turns: int, tokenizer, table: dict[int, np.ndarray], *, whole
     for turn in range(turns):
         version = turn // versions_every if versions_every else 0
         started = time.process_time()
-        text = render(messages, add_generation_prompt=True)
-        prompt = np.asarray(encode(text), np.int32) if full_tokenize else tokens(text)
+        if full_tokenize:
+            prompt = np.asarray(encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True)), np.int32)
+        else:
+            prompt = tokens(render(messages, add_generation_prompt=True))
         call = {"name": "bash", "arguments": {"command": f"cat /data/step{turn}.txt"}}
         sampled = np.asarray(encode(render_tool_call(call) + IM_END), np.int32)
         fed = len(prompt) + len(sampled) - 1

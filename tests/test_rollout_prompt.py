@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from t1_actors.policy.chat_template import render_chat
 from t1_actors.rollout.context import drop_old_outputs, window
-from t1_actors.rollout.prompt import IncrementalTokens, common_prefix
+from t1_actors.rollout.prompt import IncrementalRender, IncrementalTokens, common_prefix
 
 
 def t1_bpe():
@@ -41,7 +41,7 @@ def random_chat(rng: random.Random, turns: int) -> list[dict]:
                                                    min_size=1, max_size=12))
 def test_incremental_ids_equal_tokenizing_the_whole_prompt(seed, edits):
     encode, rng = t1_bpe(), random.Random(seed)
-    tokens, messages = IncrementalTokens(encode), random_chat(rng, 1)
+    tokens, rendered, messages = IncrementalTokens(encode), IncrementalRender(render_chat), random_chat(rng, 1)
     for edit in edits:
         if edit == "append":
             messages = messages + random_chat(rng, 1)[2:]
@@ -52,6 +52,7 @@ def test_incremental_ids_equal_tokenizing_the_whole_prompt(seed, edits):
         else:  # a template that re-renders an old turn differently
             messages = [dict(m, content=m["content"].upper()) if i == 3 else m for i, m in enumerate(messages)]
         text = render_chat(messages, add_generation_prompt=True)
+        assert rendered(messages) == text  # message by message: only the new ones (and the last shared) anew
         np.testing.assert_array_equal(tokens(text), np.asarray(encode(text), np.int32))
 
 

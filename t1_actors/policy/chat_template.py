@@ -48,28 +48,30 @@ def render_chat(messages: list[dict[str, Any]], add_generation_prompt: bool = Fa
     "tool_calls": [{"name": "bash", "arguments": {"command": "..."}}]}`` (tool_calls optional,
     assistant only).
     """
-    parts: list[str] = []
-    for i, message in enumerate(messages):
-        role, content = _check(message, i)
-        if role == "tool":
-            opens = i == 0 or messages[i - 1].get("role") != "tool"
-            closes = i == len(messages) - 1 or messages[i + 1].get("role") != "tool"
-            if opens:
-                parts.append(f"{IM_START}user")
-            parts.append(f"\n{TOOL_RESPONSE_OPEN}\n{content}\n{TOOL_RESPONSE_CLOSE}")
-            if closes:
-                parts.append(f"{IM_END}\n")
-            continue
-        text = content
-        if role == "assistant":
-            for call in message.get("tool_calls") or []:
-                text += ("\n" if text else "") + render_tool_call(call)
-        elif message.get("tool_calls"):
-            raise ValueError(f"message {i}: only assistant messages carry tool_calls (role is {role!r})")
-        parts.append(f"{IM_START}{role}\n{text}{IM_END}\n")
+    parts = [render_message(messages, i) for i in range(len(messages))]
     if add_generation_prompt:
         parts.append(GENERATION_PROMPT)
     return "".join(parts)
+
+
+def render_message(messages: list[dict[str, Any]], i: int) -> str:
+    """Message ``i``'s text in ``render_chat``'s rendering: it depends on the message and on whether its
+    neighbours are tool messages (consecutive tool outputs share one user turn), nothing else, so a chat that
+    grows re-renders only its last message and the new ones (``rollout.prompt.IncrementalRender``)."""
+    message = messages[i]
+    role, content = _check(message, i)
+    if role == "tool":
+        opens = i == 0 or messages[i - 1].get("role") != "tool"
+        closes = i == len(messages) - 1 or messages[i + 1].get("role") != "tool"
+        return (f"{IM_START}user" if opens else "") + f"\n{TOOL_RESPONSE_OPEN}\n{content}\n{TOOL_RESPONSE_CLOSE}" \
+            + (f"{IM_END}\n" if closes else "")
+    text = content
+    if role == "assistant":
+        for call in message.get("tool_calls") or []:
+            text += ("\n" if text else "") + render_tool_call(call)
+    elif message.get("tool_calls"):
+        raise ValueError(f"message {i}: only assistant messages carry tool_calls (role is {role!r})")
+    return f"{IM_START}{role}\n{text}{IM_END}\n"
 
 
 def parse_tool_calls(assistant_text: str) -> list[dict[str, Any]]:

@@ -33,10 +33,16 @@ class TurnPrefix:
               next_prompt: np.ndarray) -> TurnPrefix:
         """The prefix ``next_prompt`` shares with a turn that saw ``prompt_ids``, sampled ``sampled_ids`` and
         recorded ``routing`` (all its rows) under ``version``."""
-        stream = np.concatenate([prompt_ids, sampled_ids])
-        n = min(len(stream), len(next_prompt))
-        differ = np.flatnonzero(stream[:n] != next_prompt[:n])
-        shared = int(differ[0]) if len(differ) else n
+        shared = 0
+        for part in (prompt_ids, sampled_ids):  # the stream p ++ a, compared piece by piece (no copy of it)
+            n = min(len(part), len(next_prompt) - shared)
+            differ = np.flatnonzero(part[:n] != next_prompt[shared:shared + n])
+            if len(differ):
+                shared += int(differ[0])
+                break
+            shared += n
+            if n < len(part):
+                break
         return cls(shared, min(shared, len(routing)) if routing is not None else 0, version)
 
     def routing_start(self, version: int, routing: np.ndarray | None) -> int:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from t1_actors.policy.chat_template import IM_START
+from t1_actors.policy.chat_template import GENERATION_PROMPT, IM_START, render_chat, render_message
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -70,3 +71,29 @@ class IncrementalTokens:
             self._cut_chars, self._cut_tokens = [], []
         self._text, self._ids = text, ids
         return ids
+
+
+class IncrementalRender:
+    """``render(messages, add_generation_prompt=True)`` of a trial's growing chat, rendering only its new
+    messages (and the last shared one, whose closing depends on what follows) when the template is t1's own
+    (``render_chat``: message by message); any other template renders the whole chat, as before. The chat's
+    messages are compared by identity: a message object the harness replaced (a context edit) is rendered anew."""
+
+    def __init__(self, render: Callable[..., str]):
+        self.render = render
+        self.incremental = render is render_chat
+        self._messages: list[dict[str, Any]] = []
+        self._parts: list[str] = []
+
+    def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        if not self.incremental:
+            return self.render(messages, add_generation_prompt=add_generation_prompt)
+        shared = 0
+        for old, new in zip(self._messages, messages):
+            if old is not new:
+                break
+            shared += 1
+        start = max(shared - 1, 0)
+        self._parts = self._parts[:start] + [render_message(messages, i) for i in range(start, len(messages))]
+        self._messages = list(messages)
+        return "".join(self._parts) + (GENERATION_PROMPT if add_generation_prompt else "")

@@ -21,6 +21,7 @@ import trio
 
 from schemas import ContextEdited, EvalResult, StalenessDecision, TrialEnded, TrialIssued, VerifierResult
 from t1_actors import tito
+from t1_actors.policy.chat_template import render_chat
 from t1_actors.policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
 from t1_actors.policy.generation import NO_PREFIX, TurnPrefix
 from t1_actors.rollout.admission import LengthBias, StalenessConfig, admit, policy_lag
@@ -85,7 +86,8 @@ class TrialRunner:
         self.ports, self.tasks, self.limits = ports, tasks, limits
         self.tokenizer = as_chat_tokenizer(tokenizer)  # a bare tokenizers.Tokenizer is t1's own BPE
         tools = None if self.tokenizer.chat_template is None else [BASH_TOOL]  # an HF template lists the tool
-        self.render = partial(self.tokenizer.apply_chat_template, tools=tools)
+        # t1's own template as itself: the harness then renders a growing chat message by message
+        self.render = render_chat if tools is None else partial(self.tokenizer.apply_chat_template, tools=tools)
         self.tito_repairs = tuple(tito_repairs)  # () = exact sampler contexts (split where not strict)
         self._ids = itertools.count()
         self.run_tag = run_tag
