@@ -6,10 +6,12 @@ harness path (t1's chat template and tokenizer, ``rollout.prompt.IncrementalToke
     python bench/long_horizon.py [--turns 10 30 100 300] [--whole-up-to 30] [--skip-memory]
 
 Keys (a dict keyed by turns where it says so):
-- ``log_bytes_per_token`` {turns: bytes}, ``log_bytes_over_distinct`` {turns: ratio}: the log's bytes for the trial
-  (its turn records and its assembled trajectory) over the bytes of its distinct positions (ids, logprobs, masks
-  and routing rows once each, routing at its on-disk row size); ``*_whole`` the same trial stored the old way (a
-  whole prompt and every routing row per turn), measured up to ``--whole-up-to`` turns (it grows as N/2).
+- ``log_bytes_per_token`` {turns: bytes}, ``log_bytes_over_distinct`` {turns: ratio}: the log's bytes for a trained
+  trial (its turn records and its assembled trajectory) over the bytes of its distinct positions (ids, logprobs,
+  masks and routing rows once each, routing at its on-disk row size); ``*_whole`` the same trial stored the old way
+  (a whole prompt and every routing row per turn, and the trajectory), measured up to ``--whole-up-to`` turns (it
+  grows as N/2); ``*_eval_30_turns`` an eval trial (turn records only, routing in them);
+  ``*_3_versions_30_turns`` a trained trial across two weight updates (a chunk per version).
 - ``max_tokens``: the longest trial's tokens.
 - ``harness_cpu_last_over_first``: the harness's CPU per turn (render, tokenize, the turn's record) in the last
   decile of turns over the first, at the most turns; ``*_full_tokenize`` the same with every prompt rendered and
@@ -76,9 +78,11 @@ def du(path: Path) -> int:
 
 
 def scripted_trial(turns: int, tokenizer, table: dict[int, np.ndarray], *, whole: bool, full_tokenize: bool,
-                   log_dir: Path | None, versions_every: int | None = None) -> dict:
-    """Play ``turns`` scripted turns through the harness path; append each turn's record (and the assembled
-    trajectory) to a fresh log at ``log_dir``. Returns the trial's figures."""
+                   log_dir: Path | None, versions_every: int | None = None, trained: bool = True) -> dict:
+    """Play ``turns`` scripted turns through the harness path; append each turn's record to a fresh log at
+    ``log_dir``, and for a ``trained`` trial its assembled trajectory (which then stores the routing rows, the
+    turns' records none, as the trial runner asks the sampler). ``whole``: records as before (a whole prompt and
+    every routing row per turn, and the trajectory besides). Returns the trial's figures."""
     encode = tokenizer.encode
     render = IncrementalRender(render_chat if tokenizer.chat_template is None else tokenizer.apply_chat_template)
     tokens = IncrementalTokens(encode)
@@ -102,7 +106,7 @@ def scripted_trial(turns: int, tokenizer, table: dict[int, np.ndarray], *, whole
         prefix = NO_PREFIX if whole or previous is None else TurnPrefix.after(
             previous.prompt_ids, previous.sampled_ids, previous.routing, previous.policy_version, prompt)
         event = generation.to_event("trial-0", turn, prompt, temperature=1.0, top_p=1.0, sampler_id="sampler-0",
-                                    prefix=prefix)
+                                    prefix=prefix, record_routing=whole or not trained)
         cpu.append(time.process_time() - started)
         if writer is not None:
             writer.append(event)
@@ -114,9 +118,10 @@ def scripted_trial(turns: int, tokenizer, table: dict[int, np.ndarray], *, whole
         messages += [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": output}]
     chunks = tito.assemble(records, tokenizer.backend_tokenizer, reward=0.5, repairs=())
     if writer is not None:
-        for chunk in chunks:
-            writer.append(tito.to_event(chunk, trial_id="trial-0", task_id="chain"))
-        writer.commit()
+        if trained:
+            for chunk in chunks:
+                writer.append(tito.to_event(chunk, trial_id="trial-0", task_id="chain"))
+            writer.commit()
         writer.close()
     stream = len(records[-1].prompt_ids) + len(records[-1].sampled_ids)
     decile = max(1, turns // 10)
@@ -221,7 +226,11 @@ def main() -> None:
         out["tito_case_shares"] = {case: round(metrics[f"boundary_{case}"] / boundaries, 4) if boundaries else None
                                    for case in tito.CASES}
         versioned = scripted_trial(30, tokenizer, table, whole=False, full_tokenize=False, log_dir=base / "v",
-                                   versions_every=10)  # a weight update every 10 turns: each re-prefill stored whole
+                                   versions_every=10)  # a weight update every 10 turns: a chunk per version
+        evaluated = scripted_trial(30, tokenizer, table, whole=False, full_tokenize=False, log_dir=base / "e",
+                                   trained=False)  # an eval trial: its turns' records hold the routing
+        out["log_bytes_over_distinct_eval_30_turns"] = round(evaluated["log_bytes"]
+                                                             / distinct_bytes(evaluated["tokens"]), 3)
         out["log_bytes_over_distinct_3_versions_30_turns"] = round(versioned["log_bytes"]
                                                                    / distinct_bytes(versioned["tokens"]), 3)
         events = [make_trajectory(np.random.default_rng(seed), seed) for seed in range(12)]

@@ -47,7 +47,9 @@ class SamplerTurn(Event):
     holds the rows of stream positions ``routing_start .. len(P) + len(sampled) - 2`` (the last sampled token
     is never fed back); the rows before ``routing_start`` are the previous turn's, computed under the same
     policy version (a turn of a new version records all its rows: its prefix was prefilled, and routed, anew).
-    None when the backend did not capture routing. ``t1_actors.tito.expand_turns`` rebuilds whole records, so a
+    None when the backend did not capture routing, or when the turn belongs to a trial played to be trained: its
+    ``TrajectoryAssembled`` chunks store the rows the learner replays, so the turn leaves them out (a dropped or
+    cancelled training trial keeps none). ``t1_actors.tito.expand_turns`` rebuilds whole records, so a
     trajectory of N turns stores each position once instead of about N/2 times.
 
     ``token_versions`` gives the policy version per sampled token when a generation spans versions

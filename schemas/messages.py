@@ -89,6 +89,9 @@ class GenerateRequest(Message):
     prefix_len: int = Field(0, ge=0)
     prefix_rows: int = Field(0, ge=0)
     prefix_version: int | None = None
+    # False: the trial is played to be trained, so its assembled trajectory will store the routing rows; the turn's
+    # record leaves them out (a fact stored once). The reply carries them either way.
+    record_routing: bool = True
 
 
 @register

@@ -132,7 +132,8 @@ class SamplerActor(Actor):
         prefix = TurnPrefix(request.prefix_len, request.prefix_rows, request.prefix_version)
         await self.log(generation.to_event(request.trial_id, request.turn, request.input_ids,
                                            temperature=request.temperature, top_p=request.top_p, sampler_id=self.name,
-                                           engine=backend.engine, prefix=prefix))
+                                           engine=backend.engine, prefix=prefix,
+                                           record_routing=request.record_routing))
         return generation.to_reply(request.trial_id, request.turn, prefix)
 
     async def _cancel_when_asked(self, backend: SamplerBackend, trial_id: str, request_id: str) -> None:

@@ -69,14 +69,15 @@ class ActorPorts:
             await self.actor.peer("sandbox").call_bulk(SandboxClose(trial_id=trial_id))
 
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
-                       temperature: float | None = None, prefix: TurnPrefix = NO_PREFIX) -> Generation:
+                       temperature: float | None = None, prefix: TurnPrefix = NO_PREFIX,
+                       record_routing: bool = True) -> Generation:
         c = self.campaign
         samplers = self.actor.peer("sampler")  # every turn of a trial to one replica: its prefix cache stays warm
         reply = await samplers.call_bulk(GenerateRequest(
             trial_id=trial_id, turn=turn, input_ids=prompt_ids, max_new_tokens=c.max_new_tokens,
             temperature=temperature or self.actor.temperature, top_p=self.actor.top_p, stop_ids=[self.stop_id],
             policy_version_wanted=self.actor.version, seed=seed, prefix_len=prefix.shared, prefix_rows=prefix.rows,
-            prefix_version=prefix.version), to=samplers.pick(trial_id))
+            prefix_version=prefix.version, record_routing=record_routing), to=samplers.pick(trial_id))
         return Generation.from_reply(reply, len(prompt_ids))
 
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:

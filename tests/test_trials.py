@@ -174,10 +174,12 @@ class _SandboxLostBeforeContinuations(InProcessPorts):
     swept): a VerifierResult with infra_error, named by the sandbox's trial. Here: every continuation's.
     Every other original trial samples slowly, so the batch fills before it ends and it is cut and continued."""
 
-    async def generate(self, trial_id, turn, prompt_ids, seed=None, temperature=None, prefix=None):
+    async def generate(self, trial_id, turn, prompt_ids, seed=None, temperature=None, prefix=None,
+                       record_routing=True):
         if "~" not in trial_id and int(trial_id[-1]) % 2:
             await trio.sleep(1.0)
-        return await super().generate(trial_id, turn, prompt_ids, seed=seed, temperature=temperature, prefix=prefix)
+        return await super().generate(trial_id, turn, prompt_ids, seed=seed, temperature=temperature, prefix=prefix,
+                                      record_routing=record_routing)
 
     async def verify(self, trial_id, task_id):
         if not any(getattr(e, "resumed_from", None) == trial_id for e in self.events if isinstance(e, TrialIssued)):

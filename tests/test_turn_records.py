@@ -117,3 +117,20 @@ def test_a_trials_routing_rows_are_views_of_one_buffer_and_a_new_version_starts_
         np.testing.assert_array_equal(got, turn.routing)
     assert kept[1].base is kept[0].base is kept[2].base  # one version: one buffer
     assert kept[3].base is not kept[0].base and kept[4].base is kept[3].base
+
+
+def test_a_trained_trials_turns_leave_their_routing_to_its_trajectory(tok):
+    """``record_routing`` False (a trial played to be trained): the turn's record keeps its ids and logprobs but no
+    routing rows (the trajectory stores them, once); the reply still carries the rows the assembly needs."""
+    turns = routed(play(tok, TEXTS))
+    previous, turn = turns[0], turns[1]
+    prefix = TurnPrefix.after(previous.prompt_ids, previous.sampled_ids, previous.routing, 0, turn.prompt_ids)
+    generation = Generation(len(turn.prompt_ids), turn.sampled_ids.astype(np.int32), turn.sampler_logprobs,
+                            turn.routing, "stop", 0)
+    event = generation.to_event("t-1", 1, turn.prompt_ids, temperature=1.0, top_p=1.0, sampler_id="s",
+                                prefix=prefix, record_routing=False)
+    assert event.routing is None and event.routing_start == 0 and event.prefix_len == prefix.shared
+    np.testing.assert_array_equal(event.sampled_ids, turn.sampled_ids)
+    assert len(generation.to_reply("t-1", 1, prefix).routing) == len(turn.routing) - prefix.rows
+    [whole] = tito.expand_turns([*whole_records(turns[:1]), event])[1:]
+    np.testing.assert_array_equal(whole.prompt_ids, turn.prompt_ids)

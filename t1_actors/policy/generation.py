@@ -83,13 +83,15 @@ class Generation:
                              finish_reason=self.finish_reason, error=self.error)
 
     def to_event(self, trial_id: str, turn: int, prompt_ids: np.ndarray, *, temperature: float, top_p: float,
-                 sampler_id: str, engine=None, prefix: TurnPrefix = NO_PREFIX) -> SamplerTurn:
+                 sampler_id: str, engine=None, prefix: TurnPrefix = NO_PREFIX,
+                 record_routing: bool = True) -> SamplerTurn:
         """The log's record of this turn, stored once: the prompt ids after the ``prefix`` it shares with the
         trial's previous turn, what it sampled, the routing rows the previous turn did not record under this
-        version, and the engine (a ``backends.sampler_backend.EngineInfo``) that served it."""
+        version (none with ``record_routing`` False: the trial's trajectory stores them), and the engine (a
+        ``backends.sampler_backend.EngineInfo``) that served it."""
         named = {} if engine is None else dict(engine=engine.name, engine_version=engine.version,
                                                engine_start_id=engine.start_id)
-        start, rows = self._new_rows(prefix)
+        start, rows = self._new_rows(prefix) if record_routing else (0, None)
         return SamplerTurn(trial_id=trial_id, turn=turn, prompt_ids=np.asarray(prompt_ids, np.int32)[prefix.shared:],
                            prefix_len=prefix.shared, sampled_ids=self.output_ids, sampler_logprobs=self.logprobs,
                            routing=rows, routing_start=start, policy_version=self.policy_version,

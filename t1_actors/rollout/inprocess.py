@@ -37,7 +37,8 @@ class InProcessPorts:
         if sandbox is not None:
             await trio.to_thread.run_sync(sandbox.close)
 
-    async def generate(self, trial_id, turn, prompt_ids, seed=None, temperature=None, prefix=None):
+    async def generate(self, trial_id, turn, prompt_ids, seed=None, temperature=None, prefix=None,
+                       record_routing=True):
         """The whole generation (every routing row): nothing is logged here, so ``prefix`` changes nothing."""
         update = {k: v for k, v in (("seed", seed), ("temperature", temperature)) if v is not None}
         params = self.params.model_copy(update=update) if update else self.params

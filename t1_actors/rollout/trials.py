@@ -36,10 +36,12 @@ class TrialPorts(Protocol):
     async def execute(self, trial_id: str, turn: int, command: str, timeout_s: float) -> ToolOutcome: ...
     async def close_sandbox(self, trial_id: str) -> None: ...
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
-                       temperature: float | None = None, prefix: TurnPrefix = NO_PREFIX) -> Generation:
+                       temperature: float | None = None, prefix: TurnPrefix = NO_PREFIX,
+                       record_routing: bool = True) -> Generation:
         """One assistant turn; ``temperature`` None: the run's sampling temperature (training trials). ``prefix``:
         what the prompt shares with the trial's previous turn; the generation may then carry only the routing
-        rows from its ``routing_start`` on (the runner puts the previous turn's back)."""
+        rows from its ``routing_start`` on (the runner puts the previous turn's back). ``record_routing`` False:
+        the turn's record leaves its routing to the trial's trajectory (a trial played to be trained)."""
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
         """Abort the trial's generation; with ``sandbox_id``, also stop its running command and sandbox."""
     async def verify(self, trial_id: str, task_id: str) -> VerifierResult: ...
@@ -97,12 +99,13 @@ class TrialRunner:
 
     async def play(self, trial_id: str, task_id: str, *, rollout: TrialRollout | None = None,
                    sandbox_id: str | None = None, seeded: bool = False, sample_index: int = 0,
-                   temperature: float | None = None) -> TrialRollout:
+                   temperature: float | None = None, trained: bool = False) -> TrialRollout:
         """The agent's turns only (sampler + sandbox); the sandbox stays open for the verifier.
 
         ``sandbox_id`` is the trial whose sandbox this one works in: a continuation keeps its original's.
         ``seeded``: each turn samples with ``eval_seed(task_id, turn, sample_index)`` (evals); else the
-        sampler's own draws. ``temperature`` None: the run's sampling temperature.
+        sampler's own draws. ``temperature`` None: the run's sampling temperature. ``trained``: the trial is
+        played to be trained, so its turns' routing rows are stored by its trajectory, not by each turn's record.
         """
         ports, task = self.ports, self.tasks[task_id]
         sandbox_id = sandbox_id or trial_id
@@ -113,7 +116,7 @@ class TrialRunner:
             prefix = TurnPrefix() if previous is None else TurnPrefix.after(
                 previous.prompt_ids, previous.sampled_ids, previous.routing, previous.policy_version, prompt_ids)
             generation = await ports.generate(trial_id, turn, prompt_ids, seed=seed, temperature=temperature,
-                                              prefix=prefix)
+                                              prefix=prefix, record_routing=not trained)
             return rollout_so_far.routing_rows.full(generation, None if previous is None else previous.routing)
 
         async def execute(command: str, turn: int) -> ToolOutcome:
@@ -159,7 +162,7 @@ async def play_once(runner: TrialRunner, task_id: str, split: str, *, assemble: 
     await runner.ports.open_sandbox(trial_id, task_id)
     try:
         rollout = await runner.play(trial_id, task_id, seeded=split == "eval", sample_index=sample_index,
-                                    temperature=temperature)
+                                    temperature=temperature, trained=assemble)
         return await runner.finish(trial_id, task_id, rollout, assemble=assemble)
     finally:
         with trio.CancelScope(shield=True):
@@ -263,7 +266,7 @@ async def _train_trial(runner: TrialRunner, flight: _InFlight, batch: _Batch, co
         if fresh:
             await ports.open_sandbox(flight.sandbox_id, flight.task_id)
         rollout = await runner.play(flight.trial_id, flight.task_id, rollout=flight.rollout,
-                                    sandbox_id=flight.sandbox_id)
+                                    sandbox_id=flight.sandbox_id, trained=True)
         if rollout.finish == "cancelled":
             return  # stays in flight: the batch's end records the cancellation
         outcome = await runner.finish(flight.trial_id, flight.task_id, rollout, assemble=True,

@@ -67,7 +67,8 @@ class EvalPorts(InProcessPorts):
         return ToolOutcome(result.exit_code, result.stdout + result.stderr)
 
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
-                       temperature: float | None = None, prefix: TurnPrefix = NO_PREFIX) -> Generation:
+                       temperature: float | None = None, prefix: TurnPrefix = NO_PREFIX,
+                       record_routing: bool = True) -> Generation:
         from t1_actors.backends.sampler_backend import GenerateSpec
 
         update: dict[str, Any] = {"seed": None if seed is None else mixed_seed(self.seed, seed)}
@@ -76,7 +77,8 @@ class EvalPorts(InProcessPorts):
         params = self.params.model_copy(update=update)
         [g] = await self.sampler.generate([GenerateSpec(f"{trial_id}/{turn}", prompt_ids.tolist(), params)])
         await self.log(g.to_event(trial_id, turn, prompt_ids, temperature=params.temperature, top_p=params.top_p,
-                                  sampler_id="eval", engine=self.sampler.engine, prefix=prefix))
+                                  sampler_id="eval", engine=self.sampler.engine, prefix=prefix,
+                                  record_routing=record_routing))
         return g
 
     async def verify(self, trial_id: str, task_id: str):
