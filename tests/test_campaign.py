@@ -79,7 +79,7 @@ def _micro_config(tmp_path: Path, **changes) -> Path:
                                   recovery_validation=4)
     data["quick"]["campaign"].update(sft_seconds=40, rl_seconds=40, warmup_trials=6, eval_concurrency=12)
     # long horizons in small: many turns allowed, a context smaller than a long trial needs, old outputs dropped
-    data["quick"]["campaign"].update(max_turns=40, max_context=384, context_strategy="drop_old_outputs",
+    data["quick"]["campaign"].update(max_turns=40, max_context=288, context_strategy="drop_old_outputs",
                                      keep_last_turns=1, tool_output_chars=120)
     data["quick"]["critic"] = {"warmup_trajectories": 4}
     data["quick"]["staleness"] = {"batch_size": 6}

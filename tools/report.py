@@ -25,6 +25,7 @@ from schemas import (
     VerifierResult,
 )
 from storage import EventLog
+from t1_actors.rollout.endings import trial_endings
 from tools._report.skill import kl_rl_sft, plot_pass_at_k
 from tools._report.time_shares import plot_time_shares
 
@@ -255,7 +256,7 @@ def _save(fig, path: Path) -> Path:
 def markdown_summary(summary: dict, figures: list[Path], run: str) -> str:
     lines = [f"# Run report: {run}", "", "| quantity | value |", "| --- | --- |"]
     for key, value in summary.items():
-        if key == "evals":
+        if key in ("evals", "endings"):
             continue
         lines.append(f"| {key.replace('_', ' ')} | {_fmt(value)} |")
     if summary["evals"]:
@@ -265,6 +266,13 @@ def markdown_summary(summary: dict, figures: list[Path], run: str) -> str:
             lines.append(f"| {e['label']} | {e['policy_version']} | {e['n']} | {e['resolved']} | "
                          f"{_fmt(e['resolved_rate'])} | {_fmt(e['mean_reward'])} | "
                          f"{_fmt(e['ci'][0])}..{_fmt(e['ci'][1])} |")
+    endings = summary.get("endings") or {}
+    if any(endings.values()):  # nothing cut or edited silently: every finish, cut and context edit, per split
+        lines += ["", "## How trials ended, what was cut, what was edited", "", "| count | split | reasons |",
+                  "| --- | --- | --- |"]
+        for key, by_split in endings.items():
+            for split, reasons in by_split.items():
+                lines.append(f"| {key.replace('_', ' ')} | {split} | {_fmt(reasons)} |")
     lines += ["", "## Figures", ""] + [f"![{p.stem}]({p.name})" for p in figures]
     return "\n".join(lines) + "\n"
 
@@ -294,6 +302,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     figures = write_plots(s, out)
     summary = summary_of(s)
     summary["kl_rl_sft"] = kl_rl_sft(view)
+    summary["endings"] = trial_endings(view.events)
     curve = plot_pass_at_k(_pass_at_k(view), out)
     if curve is not None:
         figures.append(curve)
