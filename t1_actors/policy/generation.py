@@ -33,8 +33,12 @@ class TurnPrefix:
               next_prompt: np.ndarray) -> TurnPrefix:
         """The prefix ``next_prompt`` shares with a turn that saw ``prompt_ids``, sampled ``sampled_ids`` and
         recorded ``routing`` (all its rows) under ``version``."""
-        shared = 0
-        for part in (prompt_ids, sampled_ids):  # the stream p ++ a, compared piece by piece (no copy of it)
+        shared, parts = 0, (prompt_ids, sampled_ids)
+        same_start = (prompt_ids.base is not None and prompt_ids.base is next_prompt.base
+                      and prompt_ids.ctypes.data == next_prompt.ctypes.data and prompt_ids.dtype == next_prompt.dtype)
+        if same_start and len(next_prompt) >= len(prompt_ids):  # rollout.prompt's buffer is never rewritten
+            shared, parts = len(prompt_ids), (sampled_ids,)
+        for part in parts:  # the stream p ++ a, compared piece by piece (no copy of it)
             n = min(len(part), len(next_prompt) - shared)
             differ = np.flatnonzero(part[:n] != next_prompt[shared:shared + n])
             if len(differ):

@@ -23,7 +23,7 @@ from t1_actors.policy.chat_template import GENERATION_PROMPT, IM_START, render_c
 def common_prefix(a: str, b: str) -> int:
     """Length of the longest common prefix of two strings (memcmp-speed: no Python loop over characters)."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+    if a.startswith(b) or b.startswith(a):  # the common case (a chat that grew): one memcmp, no copy
         return n
     low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
     while high - low > 1:
@@ -45,6 +45,8 @@ class IncrementalTokens:
         self.boundary, self.boundary_id = boundary, boundary_ids[0] if len(boundary_ids) == 1 else None
         self._text = ""
         self._ids = np.zeros(0, np.int32)
+        self._buffer = np.zeros(0, np.int32)  # every prompt returned is a view of it; written only past _high
+        self._high = 0
         self._cut_chars: list[int] = []  # where each boundary starts in the previous text ...
         self._cut_tokens: list[int] = []  # ... and its index in the previous ids
         self.tokenized_chars = 0  # characters this instance tokenized, over all calls (the harness's work)
@@ -63,7 +65,7 @@ class IncrementalTokens:
             chars.append(found)
             start = found + len(self.boundary)
         tokens = (token + np.flatnonzero(tail == self.boundary_id)).tolist()
-        ids = np.concatenate([self._ids[:token], tail])
+        ids = self._extend(token, tail)
         kept = max(k - 1, 0)  # the cut re-tokenized from is found again in the tail
         if len(chars) == len(tokens):
             self._cut_chars, self._cut_tokens = self._cut_chars[:kept] + chars, self._cut_tokens[:kept] + tokens
@@ -71,6 +73,21 @@ class IncrementalTokens:
             self._cut_chars, self._cut_tokens = [], []
         self._text, self._ids = text, ids
         return ids
+
+    def _extend(self, token: int, tail: np.ndarray) -> np.ndarray:
+        """``ids[:token] ++ tail`` as a view of the buffer: in place when the buffer already holds ``tail``'s start
+        where it would go (the earlier prompts' views never change), else in a new buffer (twice the size)."""
+        end, overlap = token + len(tail), min(self._high, token + len(tail)) - token
+        if overlap >= 0 and np.array_equal(self._buffer[token:token + overlap], tail[:overlap]) \
+                and end <= len(self._buffer):
+            self._buffer[token + overlap:end] = tail[overlap:]
+        else:
+            buffer = np.empty(max(2 * end, 1024), np.int32)
+            buffer[:token] = self._ids[:token]
+            buffer[token:end] = tail
+            self._buffer, self._high = buffer, 0
+        self._high = max(self._high, end)
+        return self._buffer[:end]
 
 
 class IncrementalRender:
