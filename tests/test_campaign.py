@@ -78,9 +78,11 @@ def _micro_config(tmp_path: Path, **changes) -> Path:
     data["quick"]["tasks"].update(train_size=200, eval_size=8, recovery_eval=4, validation_size=4,
                                   recovery_validation=4)
     data["quick"]["campaign"].update(sft_seconds=40, rl_seconds=40, warmup_trials=6, eval_concurrency=12)
-    # long horizons in small: many turns allowed, a context smaller than a long trial needs, old outputs dropped
-    data["quick"]["campaign"].update(max_turns=40, max_context=288, context_strategy="drop_old_outputs",
-                                     keep_last_turns=1, tool_output_chars=120)
+    # long horizons in small: many turns allowed, a context smaller than a long trial needs, edited to fit by the
+    # window (the instruction and the last turns that fit: a whole turn freed per edit; dropping this policy's
+    # short tool outputs frees too little to fit often enough for a test: tests/test_rollout_context.py plays it)
+    data["quick"]["campaign"].update(max_turns=40, max_context=288, context_strategy="window", keep_last_turns=1,
+                                     tool_output_chars=120)
     data["quick"]["critic"] = {"warmup_trajectories": 4}
     data["quick"]["staleness"] = {"batch_size": 6}
     for section, values in changes.items():
@@ -160,7 +162,7 @@ def _nothing_was_cut_or_edited_silently(summary, counts):
     cut and edit is counted per split in summary.json, and the counts add up to the log's events."""
     edits = summary["context_edits"]
     assert sum(n for by_strategy in edits.values() for n in by_strategy.values()) == counts["context_edited"] >= 1
-    assert {strategy for by_strategy in edits.values() for strategy in by_strategy} == {"drop_old_outputs"}
+    assert {strategy for by_strategy in edits.values() for strategy in by_strategy} == {"window"}
     finishes = summary["finishes"]
     assert set(finishes) <= {"train", "warmup", "eval"} and sum(sum(f.values()) for f in finishes.values()) == \
         counts["trial_ended"]

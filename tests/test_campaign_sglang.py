@@ -32,7 +32,10 @@ def sglang_run(tmp_path_factory):
     check_venv(sglang_venv())  # a clear failure naming .ci/setup-sglang, before a campaign is started
     tmp = tmp_path_factory.mktemp("campaign-sglang")
     run_dir = tmp / "run"
-    process = _launch(_micro_config(tmp, sampler={"backend": "sglang", "sglang_server": "local"}), run_dir)
+    # the server's context and the trials as before the long-horizon settings of the micro config
+    campaign = {"max_turns": 3, "max_context": 768, "context_strategy": "end", "tool_output_chars": 240}
+    process = _launch(_micro_config(tmp, sampler={"backend": "sglang", "sglang_server": "local"}, campaign=campaign),
+                      run_dir)
     output, _ = process.communicate(timeout=1200)
     assert process.returncode == 0, output[-4000:]
     return run_dir
