@@ -13,8 +13,15 @@ what could not count as evidence. A section that was not selected, or cannot run
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
+
+from t1_actors.backends._sandbox import cgroups
+from tools.chaos._hostile import run_hostile
+from tools.chaos._log_faults import log_faults
+from tools.chaos._tamper import run_tamper
+from tools.chaos._wire_faults import wire_faults
 
 SECTIONS = ("campaign", "sandbox", "tamper", "log", "wire")
 SECTION_KEYS = {"sandbox": ("sandbox_escapes_tried", "sandbox_escapes_succeeded"),
@@ -36,7 +43,6 @@ def unavailable() -> str | None:
     """Why the sections cannot run on this machine, or None."""
     if os.geteuid() != 0:
         return "needs root (the local sandbox: mounts and cgroups)"
-    from t1_actors.backends._sandbox import cgroups
 
     return cgroups.available()
 
@@ -54,12 +60,8 @@ def run_sections(selected: list[str], directory: Path | None = None, say=lambda 
             continue
         where = directory / section if directory is not None else None
         if section == "sandbox":
-            from tools.chaos._hostile import run_hostile
-
             part = run_hostile(where, say=say)
         else:
-            from tools.chaos._tamper import run_tamper
-
             part = run_tamper(where, say=say)
         found = part.pop(f"{section}_positive_controls")
         controls = {k: controls[k] + found[k] for k in controls}
@@ -69,16 +71,11 @@ def run_sections(selected: list[str], directory: Path | None = None, say=lambda 
         if section not in selected:
             not_tested += [{"key": key, "reason": "not selected (--only)"} for key in SECTION_KEYS[section]]
             continue
-        import tempfile
 
         where = directory / section if directory is not None else Path(tempfile.mkdtemp(prefix=f"t1-chaos-{section}-"))
         if section == "log":
-            from tools.chaos._log_faults import log_faults
-
             part = log_faults(where, say=say)
         else:
-            from tools.chaos._wire_faults import wire_faults
-
             part = wire_faults(where, say=say)
         found = part.pop(f"{section}_positive_controls")  # {control: succeeded}
         controls = {"tried": controls["tried"] + len(found), "succeeded": controls["succeeded"] + sum(found.values())}
