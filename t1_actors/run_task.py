@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verifier-dir", default=None, help="verifier base directory (pristine tests, scratch)")
     args = parser.parse_args(argv)
 
-    from t1_actors.verify.engine import Verifier, VerifierConfig  # noqa: PLC0415 - keeps run-task --help free of torch (verify.engine: 5.8 s)
+    from t1_actors.verify.engine import Verifier, VerifierConfig  # noqa: PLC0415 - keeps run-task --help free of torch (verify.engine: 1.6 s importtime)
 
     try:
         task = load_task(args.task_dir)

@@ -24,8 +24,6 @@ import sys
 import threading
 import time
 
-import torch
-
 
 def _unpin_host_buffers() -> None:
     """Host caches on the CPU engine: allocated unpinned (the capturer asks for ``pin_memory=True``)."""
@@ -36,6 +34,7 @@ def _unpin_host_buffers() -> None:
     def allocate_unpinned(dims, dtype, device, pin_memory, allocator, registration_granularity_bytes=None):
         del pin_memory, registration_granularity_bytes  # no device: nothing to pin or register for
         if allocator is None:
+            import torch  # noqa: PLC0415 - optional extra: an sglang hook, run in the sglang venv
             return torch.empty(dims, dtype=dtype, device=device)
         return allocator.allocate(dims, dtype=dtype, device=device)
 

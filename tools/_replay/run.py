@@ -133,7 +133,7 @@ class RunView:
         if version in self._models:
             self._models.move_to_end(version)
             return self._models[version]
-        import torch  # noqa: PLC0415 - keeps t1-replay free of torch until a policy is loaded
+        import torch  # noqa: PLC0415 - keeps t1-replay free of torch until a policy is loaded (1.5 s)
 
         from t1_actors.policy.model import MoEPolicy  # noqa: PLC0415 - policy.model imports torch; only when a policy is loaded
 
@@ -148,7 +148,7 @@ class RunView:
         or an HF tokenizer directory (what ``policy.load_tokenizer`` takes)."""
 
         if path is not None:
-            from t1_actors.policy import load_tokenizer  # noqa: PLC0415 - t1_actors.policy imports torch; only for a given tokenizer path
+            from t1_actors.policy import load_tokenizer  # noqa: PLC0415 - t1_actors.policy imports torch (3.3 s); only for a tokenizer path
 
             if not Path(path).exists():
                 raise RunError(f"--tokenizer {path}: no such file or directory (a tokenizer.json or an HF "

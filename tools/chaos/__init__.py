@@ -182,8 +182,8 @@ class _Watch:
 def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, run_dir: Path | None,
               timeout_s: float, say=lambda line: None) -> dict[str, Any]:
     """Run the campaign under the seed's faults; returns the report (also written to RUN/chaos.json)."""
-    from t1_actors.job.config import load_config  # noqa: PLC0415 - keeps chaos --help free of torch (job.*: 8 s importtime)
-    from t1_actors.job.summary import code_version  # noqa: PLC0415 - keeps chaos --help free of torch (job.*: 8 s importtime)
+    from t1_actors.job.config import load_config  # noqa: PLC0415 - keeps chaos --help free of torch (job.summary: 2.0 s importtime)
+    from t1_actors.job.summary import code_version  # noqa: PLC0415 - keeps chaos --help free of torch (job.summary: 2.0 s importtime)
 
     base = load_config(config, quick=quick, run_dir=run_dir)
     run_dir = Path(base.run.dir).resolve()
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                  and caught["caught"] == caught["tried"] > 0)
         run_dir = Path(report["run_dir"])
     else:
-        from t1_actors.job.summary import code_version  # noqa: PLC0415 - keeps chaos --help free of torch (job.*: 8 s importtime)
+        from t1_actors.job.summary import code_version  # noqa: PLC0415 - keeps chaos --help free of torch (job.summary: 2.0 s importtime)
 
         report = {"commit": code_version(), "not_tested": [{"key": "campaign", "reason": "not selected (--only)"}]}
         run_dir = args.run_dir.resolve() if args.run_dir is not None else None

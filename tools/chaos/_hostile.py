@@ -123,7 +123,7 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
                 disk_mb: int = DISK_MB) -> dict[str, Any]:
     """Run every case (or those named in ``cases``) in a sandbox and unconfined; returns the report's section
     (see the module docstring). ``disk_mb``: the attacker's per-trial disk (0: none, as before it existed)."""
-    from t1_actors.verify.engine import PristineTests, Verifier, VerifierConfig  # noqa: PLC0415 - keeps chaos free of torch until this section runs (5.8 s)
+    from t1_actors.verify.engine import PristineTests, Verifier, VerifierConfig  # noqa: PLC0415 - keeps chaos free of torch until this section runs (1.3 s)
 
     owned = directory is None
     directory = Path(tempfile.mkdtemp(prefix="t1-hostile-")) if owned else directory

@@ -125,7 +125,7 @@ def lay_naive(sandbox, bundle: bytes) -> None:
 
 def run_tamper(directory: Path | None = None, *, say=lambda line: None) -> dict[str, Any]:
     """Every method against the real verifier and against the naive one; the report's section."""
-    from t1_actors.verify.engine import Verifier, VerifierConfig  # noqa: PLC0415 - keeps chaos free of torch until this section runs (5.8 s)
+    from t1_actors.verify.engine import Verifier, VerifierConfig  # noqa: PLC0415 - keeps chaos free of torch until this section runs (1.3 s)
 
     owned = directory is None
     directory = Path(tempfile.mkdtemp(prefix="t1-tamper-")) if owned else directory

@@ -179,7 +179,7 @@ async def hostile_peers(config, target, key: bytes, other_cfg: Path) -> tuple[di
 
 async def _intruder(config_path: str, calls: int) -> dict[str, int]:
     """A client of another run (its own config and key) calling and pushing to the victim."""
-    from t1_actors.job.config import load_config  # noqa: PLC0415 - keeps chaos free of torch until this section runs (8 s)
+    from t1_actors.job.config import load_config  # noqa: PLC0415 - keeps chaos free of torch until this section runs (1.6 s)
 
     config = load_config(Path(config_path))
     timed_out = 0
