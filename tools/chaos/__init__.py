@@ -44,9 +44,7 @@ from typing import Any
 
 import tomli_w
 
-from storage import EventLog
 from t1_actors.backends.sandbox_backend import SandboxConfig
-from tools._replay.audit import audit_log
 from tools.chaos._audit_mutations import audit_mutations
 from tools.chaos._leftovers import Orphans, _alive, _start_time, _tree, find_orphans, leftovers  # _start_time: tests
 from tools.chaos._sections import SECTIONS, run_sections, sections_clean
@@ -139,6 +137,8 @@ class _Watch:
         self.trial_ids: list[str] = []
 
     def poll(self) -> None:
+        from storage import EventLog  # noqa: PLC0415 - keeps chaos --help free of the log (storage: 0.6 s importtime)
+
         if self.cursor is None:
             if not self.log_dir.exists():
                 return
@@ -182,8 +182,10 @@ class _Watch:
 def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, run_dir: Path | None,
               timeout_s: float, say=lambda line: None) -> dict[str, Any]:
     """Run the campaign under the seed's faults; returns the report (also written to RUN/chaos.json)."""
+    from storage import EventLog  # noqa: PLC0415 - keeps chaos --help free of the log (storage: 0.6 s importtime)
     from t1_actors.job.config import load_config  # noqa: PLC0415 - keeps chaos --help free of torch (job.summary: 2.0 s importtime)
     from t1_actors.job.summary import code_version  # noqa: PLC0415 - keeps chaos --help free of torch (job.summary: 2.0 s importtime)
+    from tools._replay.audit import audit_log  # noqa: PLC0415 - keeps chaos --help free of the log (storage: 0.6 s importtime)
 
     base = load_config(config, quick=quick, run_dir=run_dir)
     run_dir = Path(base.run.dir).resolve()

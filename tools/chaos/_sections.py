@@ -18,10 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from t1_actors.backends._sandbox import cgroups
-from tools.chaos._hostile import run_hostile
-from tools.chaos._log_faults import log_faults
-from tools.chaos._tamper import run_tamper
-from tools.chaos._wire_faults import wire_faults
 
 SECTIONS = ("campaign", "sandbox", "tamper", "log", "wire")
 SECTION_KEYS = {"sandbox": ("sandbox_escapes_tried", "sandbox_escapes_succeeded"),
@@ -60,8 +56,12 @@ def run_sections(selected: list[str], directory: Path | None = None, say=lambda 
             continue
         where = directory / section if directory is not None else None
         if section == "sandbox":
+            from tools.chaos._hostile import run_hostile  # noqa: PLC0415 - each section's module when it runs (keeps chaos --help at 0.3 s)
+
             part = run_hostile(where, say=say)
         else:
+            from tools.chaos._tamper import run_tamper  # noqa: PLC0415 - each section's module when it runs (keeps chaos --help at 0.3 s)
+
             part = run_tamper(where, say=say)
         found = part.pop(f"{section}_positive_controls")
         controls = {k: controls[k] + found[k] for k in controls}
@@ -74,8 +74,12 @@ def run_sections(selected: list[str], directory: Path | None = None, say=lambda 
 
         where = directory / section if directory is not None else Path(tempfile.mkdtemp(prefix=f"t1-chaos-{section}-"))
         if section == "log":
+            from tools.chaos._log_faults import log_faults  # noqa: PLC0415 - each section's module when it runs (keeps chaos --help at 0.3 s)
+
             part = log_faults(where, say=say)
         else:
+            from tools.chaos._wire_faults import wire_faults  # noqa: PLC0415 - each section's module when it runs (keeps chaos --help at 0.3 s)
+
             part = wire_faults(where, say=say)
         found = part.pop(f"{section}_positive_controls")  # {control: succeeded}
         controls = {"tried": controls["tried"] + len(found), "succeeded": controls["succeeded"] + sum(found.values())}
