@@ -51,7 +51,7 @@ from t1_actors.backends.torch_sampler import TorchSampler
 from t1_actors.critic import CriticConfig
 from t1_actors.eval.protocol import EvalConfig, evaluate_policy
 from t1_actors.eval.skills import EvalPasses, best_label
-from t1_actors.job.config import load_config, parse_config
+from t1_actors.job import config as job_config
 from t1_actors.layout import has_log, log_location, tokenizer_path
 from t1_actors.policy import MoEPolicy
 from t1_actors.policy.sampling import SamplingParams
@@ -95,11 +95,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def probe_config(run: Path, overrides: list[str]):
     """The run's resolved config with ``SECTION.KEY=VALUE`` overrides, validated like any config."""
-
     path = run / "config.resolved.json"
     if not path.is_file():
         raise ConfigError(f"{run}: no config.resolved.json; point t1-probe at a run directory t1-actor launch wrote")
-    data = load_config(path).to_jsonable()
+    data = job_config.load_config(path).to_jsonable()
     for item in overrides:
         key, sep, raw = item.partition("=")
         section, dot, field = key.partition(".")
@@ -112,7 +111,7 @@ def probe_config(run: Path, overrides: list[str]):
         if not isinstance(data.get(section), dict):
             raise ConfigError(f"--set {item!r}: the config has no [{section}] section")
         data[section][field] = value
-    return parse_config(data, f"{path} with --set")
+    return job_config.parse_config(data, f"{path} with --set")  # looked up at call time: a test swaps the rule set
 
 
 class Probe:
@@ -149,7 +148,6 @@ class Probe:
 
     async def evaluate(self, runner, task_ids: list[str]) -> dict:
         """Each task once, its turns seeded by ``eval_seed``: task id -> Outcome."""
-
         outcomes = await play_all(runner, task_ids, "eval", assemble=False,
                                   concurrency=self.campaign.eval_concurrency)
         return {o.task_id: Outcome(o.resolved, o.result.reward) for o in outcomes
@@ -158,7 +156,6 @@ class Probe:
     async def warm_up_critic(self, runner, task_ids: list[str]) -> dict:
         """The campaign's critic warm-up: the SFT policy plays ``task_ids`` once each, the critic fits their
         returns in batches of ``[critic] warmup_batch`` (as the critic actor does) before any PPO step."""
-
         outcomes = await play_all(runner, task_ids, "warmup", assemble=True,
                                   concurrency=self.campaign.eval_concurrency)
         trajectories = [tito.to_event(c, trial_id=o.trial_id, task_id=o.task_id) for o in outcomes for c in o.chunks]
@@ -171,7 +168,6 @@ class Probe:
 
     async def step(self, runner, task_ids: list[str], group: int, weights_dir: Path, sampler) -> dict:
         """Sample, verify, one PPO step, reload the sampler: the step's figures."""
-
         started = time.monotonic()
         outcomes = await play_all(runner, [t for t in task_ids for _ in range(group)], "train", assemble=True,
                                   concurrency=self.campaign.eval_concurrency)
@@ -207,7 +203,6 @@ class _Events:
 
 def logged_sft_best(run: Path):
     """The run's own SFT pass at its best temperature (label -> task -> Outcome), when its log has one."""
-
     if not has_log(run):
         return None, None
 

@@ -203,7 +203,6 @@ def _state(args) -> int:
 
 def _audit(args) -> int:
     """Exit 0 when clean (every count that must be 0 is, and something was checked), 1 otherwise."""
-
     view = RunView.open(args.run)
     audit = audit_events(view.events, weights_root=view.root)
     out = audit.to_json()

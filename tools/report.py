@@ -294,7 +294,6 @@ def _fmt(value) -> str:
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict:
     """PNG plots + summary.md of the run at ``run_dir`` (default output RUN/report/). Returns the summary
     with ``figures`` and ``markdown`` paths added."""
-
     view = RunView.open(run_dir)
     if out_dir is None and view.root is None:
         raise RunError(f"{run_dir}: no run directory on this machine to write report/ into; pass --out DIR")

@@ -199,7 +199,6 @@ class SGLangSampler:
 
 async def _engine(client: httpx.AsyncClient, url: str) -> EngineInfo:
     """The server's ``EngineInfo``; ``BackendUnavailable`` when nothing answers at ``url``."""
-
     try:
         response = await client.get("/get_server_info", timeout=30.0)
     except httpx.TransportError as exc:

@@ -204,7 +204,6 @@ def from_pretrained(path: str | Path, *, dtype: torch.dtype | None = None):
     """The policy of a Hugging Face directory (config.json + one or more *.safetensors): ``MoEPolicy``
     for Qwen3-MoE, ``Qwen35MoePolicy`` for Qwen3.5-MoE (text-only or multimodal checkpoint).
     Raises ValueError naming the tensor when one is missing, unexpected or of another shape."""
-
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.is_file():

@@ -317,7 +317,6 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
     next batch with its tokens and per-token versions kept. Batch n starts only once the learner has
     reached version n - max_batches_ahead, so rollouts never run further ahead than that.
     """
-
     stats = stats or BatchStats()
     ports = runner.ports
     resumable: list[_InFlight] = []

@@ -81,7 +81,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def load_task_set(sources: list[str], filters: list[str]) -> list:
     """Tasks from directories or list files, filtered on metadata; ids unique across sources."""
-
     wanted = {}
     for item in filters:
         key, sep, value = item.partition("=")
@@ -179,7 +178,6 @@ async def _run(args, tasks: list, out: Path, header: dict, show, stream, source)
 
 def _model_policy(name: str, source, ports, sampler, by_id):
     """The campaign's agent loop on ``sampler``, with the source's tokenizer, limits and temperature."""
-
     tokenizer = load_tokenizer(source.tokenizer)
     ports.sampler, ports.version = sampler, source.version
     ports.params = SamplingParams(max_new_tokens=source.campaign.max_new_tokens, temperature=source.temperature,

@@ -171,7 +171,6 @@ def _hf_config(path: Path, what: str):
 
 def _tokenizer(source: str | Path, spec: str) -> Path:
     """A tokenizer path ``policy.load_tokenizer`` takes; a t1 run directory means its tokenizer."""
-
     path = Path(source)
     if (path / "config.resolved.json").is_file():
         path = tokenizer_path(path)

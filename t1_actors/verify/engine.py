@@ -305,7 +305,6 @@ class Verifier:
     def verify_in_sandbox(self, task: Task, sandbox) -> Verification:
         """Verify a trial whose root this host cannot mount (a Daytona sandbox): the tests and a trusted
         pytest bundle go into the sandbox only now (see ``_sandbox/remote_verify.py`` for what is weaker)."""
-
         start = time.monotonic()
         sha = tree_sha256(task.tests.files)
         trial = _Named(sandbox.trial_id)

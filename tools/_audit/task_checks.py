@@ -200,7 +200,6 @@ def hidden_requirements(task: Task, visible: set[str] = frozenset()) -> list[str
 
 def _archive_members(task: Task) -> set[str]:
     """File names inside the tar/zip archives the environment gives the agent."""
-
     names = set()
     for path, spec in task.environment.files.items():
         data = spec.data

@@ -94,7 +94,6 @@ CONFIG_NAMES = ("config.resolved.json", "config.toml", "config.json")  # the cam
 def task_sources(tasks_dirs: list[Path], config: Path | None) -> tuple[dict[str, str], list[str]]:
     """Checksum of every task's tests by id, from task directories and the run config's [tasks] section
     (the synthetic corpus is regenerated from it, deterministically by seed). Also names the sources."""
-
     expected: dict[str, str] = {}
     names = []
     for directory in tasks_dirs:
@@ -117,7 +116,6 @@ def task_sources(tasks_dirs: list[Path], config: Path | None) -> tuple[dict[str,
 def audit_verifiers(view, expected: dict[str, str]) -> VerifierAudit:
     """Audit every VerifierResult of a run (``view``: a ``tools._replay.run.RunView``) against the
     tests checksums of the task sources (``task_sources``)."""
-
     audit = VerifierAudit()
     for event_id, result in view.of_kind(VerifierResult):
         check_result(audit, event_id, result, expected.get(result.task_id), REWARD_SCALE)

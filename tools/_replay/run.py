@@ -146,7 +146,6 @@ class RunView:
     def tokenizer(self, path: str | Path | None = None):
         """The run's tokenizer (HF tokenizers), or None when the run did not keep one. ``path``: a tokenizer.json
         or an HF tokenizer directory (what ``policy.load_tokenizer`` takes)."""
-
         if path is not None:
             from t1_actors.policy import load_tokenizer  # noqa: PLC0415 - t1_actors.policy imports torch (3.3 s); only for a tokenizer path
 

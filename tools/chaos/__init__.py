@@ -108,7 +108,6 @@ def plan_faults(seed: int, kills: int, pauses: int) -> list[Fault]:
 def chaos_config(config: Path, out: Path, *, restart_limit: int) -> Path:
     """The config with ``CHAOS_OVERRIDES`` over its tables and over its ``[quick.*]`` tables (so --quick
     keeps them), written to ``out``; relative paths in it stay as they were (the campaign runs in the cwd)."""
-
     data = tomllib.loads(config.read_text())
     overrides = {**CHAOS_OVERRIDES,
                  "supervisor": {**CHAOS_OVERRIDES["supervisor"], "restart_limit": restart_limit}}

@@ -121,7 +121,6 @@ MUTATIONS: dict[str, tuple[str, Callable[[Events, Path], Events | None]]] = {
 def audit_mutations(events: Iterable[tuple[str, Event]], run_dir: Path) -> dict[str, Any]:
     """Each mutation of the log's ``events`` audited (scratch files under ``RUN/audit-mutations``);
     ``{tried, caught}`` and each one's outcome."""
-
     events = list(events)
     scratch = run_dir / "audit-mutations"
     scratch.mkdir(parents=True, exist_ok=True)

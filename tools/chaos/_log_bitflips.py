@@ -22,7 +22,6 @@ from tools.chaos._log_layouts import LAYOUTS
 
 def _committed_files(location: Path, config: StorageConfig) -> list[tuple[Path, str, Any]]:
     """(file, array, chunk or a function offset -> chunk) of every committed data file of segment w."""
-
     seg = location / segment_dir("w")
     out: list[tuple[Path, str, Any]] = [(seg / "commits.log", "commits", None)]
     for array_dir in sorted(p for p in seg.iterdir() if p.is_dir()):
@@ -42,7 +41,6 @@ def _committed_files(location: Path, config: StorageConfig) -> list[tuple[Path, 
 
 def bit_flips(work_dir: Path, *, seed: int, flips: int, controls: int = 20) -> dict[str, Any]:
     """``flips`` single-bit flips in committed files, each checked by a fresh ``verify()``."""
-
     rng = random.Random(seed)
     logs = {}
     for layout, config in LAYOUTS.items():

@@ -190,7 +190,6 @@ async def _attack(config, other_cfg: Path, key: bytes, frames: int, rng: random.
 
 def wire_faults(work_dir: Path, *, seed: int = 0, frames: int = 10_000, say=lambda line: None) -> dict[str, Any]:
     """Part 3's report keys."""
-
     from t1_actors.job.config import load_config  # noqa: PLC0415 - keeps chaos free of torch until this section runs (1.6 s)
 
     rng = random.Random(seed)

@@ -109,7 +109,6 @@ def limit_capabilities(keep: dict[str, int] = DOCKER_DEFAULT_CAPS) -> None:
 
 def set_loopback_up() -> None:
     """Bring ``lo`` up in a fresh network namespace (tests may serve on localhost)."""
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         ifreq = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(sock, 0x8913, ifreq))[1]  # SIOCGIFFLAGS
