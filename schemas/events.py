@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from schemas.base import Float32Array, Int32Array, Record, RoutingArray, UInt8Array
+from schemas.base import Float32Array, Int32Array, Record, RoutingArray, SchemaError, UInt8Array
 from schemas.registry import register
 
 
@@ -81,8 +81,6 @@ class SamplerTurn(Event):
     error: str | None = None
 
     def model_post_init(self, _ctx: Any) -> None:
-        from schemas.base import SchemaError
-
         n = len(self.sampled_ids)
         if len(self.sampler_logprobs) != n:
             raise SchemaError(type(self).__name__, "sampler_logprobs",
@@ -194,8 +192,6 @@ class TrajectoryAssembled(Event):
     turns: int = Field(ge=0)
 
     def model_post_init(self, _ctx: Any) -> None:
-        from schemas.base import SchemaError
-
         n = len(self.token_ids)
         for name in ("loss_mask", "sampler_logprobs", "token_versions"):
             if len(getattr(self, name)) != n:

@@ -42,6 +42,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec
 
+from schemas import routing_dtype
 from schemas.base import dtype_name
 from storage._packed import PACKED_ATTR, PackedStore, packable
 from storage._routing import CODEC_ATTR, SetCodec
@@ -99,7 +100,6 @@ class RoutingShape:
 
     @functools.cached_property
     def dtype(self) -> np.dtype:
-        from schemas import routing_dtype
         return routing_dtype(self.num_experts)
 
     @functools.cached_property

@@ -15,6 +15,7 @@ import trio
 import zarr
 from zarr.abc.store import Store
 
+from schemas import known_kinds
 from schemas.events import Event
 from storage import _store
 from storage._cursor import Cursor
@@ -231,7 +232,6 @@ def _kind_filter(kinds: Iterable[str] | None) -> frozenset[str] | None:
         return None
     if isinstance(kinds, str):
         kinds = [kinds]
-    from schemas import known_kinds
     chosen = frozenset(kinds)
     unknown = chosen - set(known_kinds())
     if unknown:

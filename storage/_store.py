@@ -24,6 +24,7 @@ from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
+from storage._lease import S3Lease, check_bucket, is_s3
 from storage._packed import PackedStore
 from storage.errors import WriterBusy
 
@@ -39,8 +40,6 @@ def open_store(location: Any) -> Store:
     if isinstance(location, (str, os.PathLike)):
         text = os.fspath(location)
         if "://" in text and not text.startswith("file://"):
-            from storage._lease import check_bucket, is_s3
-
             options: dict[str, Any] | None = None
             if text.startswith(("s3://", "s3a://")):
                 # a log is read while it grows: fsspec's cached directory listings would hide new segments
@@ -171,8 +170,6 @@ class WriterLock:
     _guard = threading.Lock()
 
     def __init__(self, store: Store, segment_dir: str, writer_id: str, *, lease_s: float = 30.0):
-        from storage._lease import S3Lease, is_s3
-
         self._key = (id(store), writer_id)
         self._fd: int | None = None
         self._lease = None

@@ -15,6 +15,7 @@ import time
 
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig, SandboxInfraError
 from t1_actors.tasks.errors import TaskFormatError
+from t1_actors.tasks.formats import load_task
 
 ORACLE_PATH = "/tmp/t1-oracle/solve.sh"
 
@@ -28,8 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verifier-dir", default=None, help="verifier base directory (pristine tests, scratch)")
     args = parser.parse_args(argv)
 
-    from t1_actors.tasks.formats import load_task
-    from t1_actors.verify.engine import Verifier, VerifierConfig
+    from t1_actors.verify.engine import Verifier, VerifierConfig  # noqa: PLC0415 - keeps run-task --help free of torch (verify.engine: 1.6 s importtime)
 
     try:
         task = load_task(args.task_dir)

@@ -25,6 +25,7 @@ from schemas import Ack, Cancel, ExecRequest, SandboxClose, SandboxExec, Sandbox
 from t1_actors.backends.local_sandbox import SandboxInfraError
 from t1_actors.backends.sandbox_backend import SandboxConfig, open_backend
 from t1_actors.runtime.actor import Actor, handles
+from t1_actors.tasks import build_task_sets
 from t1_actors.tasks.config import TasksConfig
 
 
@@ -32,8 +33,6 @@ class SandboxActor(Actor):
     role = "sandbox"
 
     async def setup(self) -> None:
-        from t1_actors.tasks import build_task_sets
-
         self.sandbox_config: SandboxConfig = self.config.section(SandboxConfig)
         self.tasks = await trio.to_thread.run_sync(build_task_sets, self.config.section(TasksConfig))
         self.backend = await trio.to_thread.run_sync(open_backend, self.sandbox_config)

@@ -16,8 +16,11 @@ from __future__ import annotations
 import trio
 
 from schemas import VerifierResult, VerifyRequest
+from t1_actors.backends.daytona_sandbox import DaytonaSandboxBackend
 from t1_actors.backends.local_sandbox import SandboxInfraError, locate_trial
+from t1_actors.backends.sandbox_backend import SandboxConfig
 from t1_actors.runtime.actor import Actor, handles
+from t1_actors.tasks import build_task_sets
 from t1_actors.tasks.config import TasksConfig
 from t1_actors.train.ppo import REWARD_SCALE
 from t1_actors.verify.engine import Verifier, VerifierConfig
@@ -27,16 +30,11 @@ class VerifierActor(Actor):
     role = "verifier"
 
     async def setup(self) -> None:
-        from t1_actors.backends.sandbox_backend import SandboxConfig
-        from t1_actors.tasks import build_task_sets
-
         self.verifier_config: VerifierConfig = self.config.section(VerifierConfig)
         sandbox_config: SandboxConfig = self.config.section(SandboxConfig)
         self.sandbox_dir = sandbox_config.local.base_dir
         self.daytona = None
         if sandbox_config.backend == "daytona":
-            from t1_actors.backends.daytona_sandbox import DaytonaSandboxBackend
-
             self.daytona = await trio.to_thread.run_sync(DaytonaSandboxBackend, sandbox_config.daytona)
         self.tasks = await trio.to_thread.run_sync(build_task_sets, self.config.section(TasksConfig))
         self.verifier = Verifier(self.verifier_config)

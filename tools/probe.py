@@ -36,17 +36,36 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+import trio
 from rich.table import Table
 
+from storage import EventLog
+from t1_actors import tito
+from t1_actors.backends.local_sandbox import LocalSandboxBackend
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.backends.sandbox_backend import SandboxConfig
+from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate
+from t1_actors.backends.torch_sampler import TorchSampler
 from t1_actors.critic import CriticConfig
-from t1_actors.eval.protocol import EvalConfig
+from t1_actors.eval.protocol import EvalConfig, evaluate_policy
+from t1_actors.eval.skills import EvalPasses, best_label
+from t1_actors.job import config as job_config
+from t1_actors.layout import has_log, log_location, tokenizer_path
+from t1_actors.policy import MoEPolicy
+from t1_actors.policy.sampling import SamplingParams
+from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
 from t1_actors.rollout.admission import StalenessConfig
-from t1_actors.schedule import CampaignConfig
+from t1_actors.rollout.inprocess import InProcessPorts
+from t1_actors.rollout.trials import TrialRunner, play_all, run_eval
+from t1_actors.runtime.config import ConfigError
+from t1_actors.schedule import CampaignConfig, rl_task_order, warmup_task_ids
+from t1_actors.stats import Outcome, first_attempts, paired_change
+from t1_actors.tasks import build_task_sets
 from t1_actors.tasks.config import TasksConfig
 from t1_actors.train.ppo import PPOConfig
-from t1_actors.verify.engine import VerifierConfig
+from t1_actors.verify.engine import Verifier, VerifierConfig
 from tools._output import console, fail, print_json
 
 ON_POLICY_GAP = 1e-5  # mean |logprob gap| of the first forward; fp32 on both sides gives ~1e-7
@@ -76,13 +95,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def probe_config(run: Path, overrides: list[str]):
     """The run's resolved config with ``SECTION.KEY=VALUE`` overrides, validated like any config."""
-    from t1_actors.job.config import load_config, parse_config
-    from t1_actors.runtime.config import ConfigError
-
     path = run / "config.resolved.json"
     if not path.is_file():
         raise ConfigError(f"{run}: no config.resolved.json; point t1-probe at a run directory t1-actor launch wrote")
-    data = load_config(path).to_jsonable()
+    data = job_config.load_config(path).to_jsonable()
     for item in overrides:
         key, sep, raw = item.partition("=")
         section, dot, field = key.partition(".")
@@ -95,23 +111,13 @@ def probe_config(run: Path, overrides: list[str]):
         if not isinstance(data.get(section), dict):
             raise ConfigError(f"--set {item!r}: the config has no [{section}] section")
         data[section][field] = value
-    return parse_config(data, f"{path} with --set")
+    return job_config.parse_config(data, f"{path} with --set")  # looked up at call time: a test swaps the rule set
 
 
 class Probe:
     """The engines of one probe: a sampler and a learner on copies of one checkpoint, a sandbox, a verifier."""
 
     def __init__(self, run: Path, config, ckpt: str, threads: int):
-        import torch
-
-        from t1_actors.backends.local_sandbox import LocalSandboxBackend
-        from t1_actors.backends.torch_learner import TorchCritic, TorchLearner
-        from t1_actors.layout import tokenizer_path
-        from t1_actors.policy import MoEPolicy
-        from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
-        from t1_actors.tasks import build_task_sets
-        from t1_actors.verify.engine import Verifier
-
         torch.set_num_threads(threads)
         self.config, self.campaign = config, config.section(CampaignConfig)
         self.ppo = config.section(PPOConfig)
@@ -134,10 +140,6 @@ class Probe:
         self.sandbox.close()
 
     def runner(self, sampler):
-        from t1_actors.policy.sampling import SamplingParams
-        from t1_actors.rollout.inprocess import InProcessPorts
-        from t1_actors.rollout.trials import TrialRunner
-
         params = SamplingParams(max_new_tokens=self.campaign.max_new_tokens,
                                 temperature=self.config.section(SamplerConfig).temperature, stop_ids=(self.stop_id,))
         ports = InProcessPorts(sampler, self.tasks.by_id, params, self.sandbox, self.verifier)
@@ -146,9 +148,6 @@ class Probe:
 
     async def evaluate(self, runner, task_ids: list[str]) -> dict:
         """Each task once, its turns seeded by ``eval_seed``: task id -> Outcome."""
-        from t1_actors.rollout.trials import play_all
-        from t1_actors.stats import Outcome
-
         outcomes = await play_all(runner, task_ids, "eval", assemble=False,
                                   concurrency=self.campaign.eval_concurrency)
         return {o.task_id: Outcome(o.resolved, o.result.reward) for o in outcomes
@@ -157,10 +156,6 @@ class Probe:
     async def warm_up_critic(self, runner, task_ids: list[str]) -> dict:
         """The campaign's critic warm-up: the SFT policy plays ``task_ids`` once each, the critic fits their
         returns in batches of ``[critic] warmup_batch`` (as the critic actor does) before any PPO step."""
-        from t1_actors import tito
-        from t1_actors.backends.torch_learner import collate
-        from t1_actors.rollout.trials import play_all
-
         outcomes = await play_all(runner, task_ids, "warmup", assemble=True,
                                   concurrency=self.campaign.eval_concurrency)
         trajectories = [tito.to_event(c, trial_id=o.trial_id, task_id=o.task_id) for o in outcomes for c in o.chunks]
@@ -173,13 +168,6 @@ class Probe:
 
     async def step(self, runner, task_ids: list[str], group: int, weights_dir: Path, sampler) -> dict:
         """Sample, verify, one PPO step, reload the sampler: the step's figures."""
-        import numpy as np
-        import torch
-
-        from t1_actors import tito
-        from t1_actors.backends.torch_learner import collate
-        from t1_actors.rollout.trials import play_all
-
         started = time.monotonic()
         outcomes = await play_all(runner, [t for t in task_ids for _ in range(group)], "train", assemble=True,
                                   concurrency=self.campaign.eval_concurrency)
@@ -215,13 +203,8 @@ class _Events:
 
 def logged_sft_best(run: Path):
     """The run's own SFT pass at its best temperature (label -> task -> Outcome), when its log has one."""
-    from t1_actors.eval.skills import EvalPasses, best_label
-    from t1_actors.layout import has_log, log_location
-    from t1_actors.stats import first_attempts
-
     if not has_log(run):
         return None, None
-    from storage import EventLog
 
     passes = EvalPasses.read(EventLog.open(log_location(run)))
     name = best_label(passes.results, "sft")
@@ -229,13 +212,6 @@ def logged_sft_best(run: Path):
 
 
 async def run_probe(args, run: Path, config, show) -> dict:
-    from t1_actors.backends.sampler_backend import SamplerConfig
-    from t1_actors.backends.torch_sampler import TorchSampler
-    from t1_actors.eval.protocol import evaluate_policy
-    from t1_actors.eval.skills import EvalPasses, best_label
-    from t1_actors.schedule import rl_task_order, warmup_task_ids
-    from t1_actors.stats import first_attempts, paired_change
-
     probe = Probe(run, config, args.ckpt, args.threads)
     campaign = config.section(CampaignConfig)
     rl_ids = [t.id for t in probe.tasks.rl]
@@ -321,16 +297,10 @@ async def _shown(show, line: str) -> None:
 
 
 async def run_eval_at(runner, task_ids: list[str], label: str, temperature: float, concurrency: int) -> None:
-    from t1_actors.rollout.trials import run_eval
-
     await run_eval(runner, task_ids, label=label, concurrency=concurrency, temperature=temperature)
 
 
 def main(argv: list[str] | None = None) -> int:
-    import trio
-
-    from t1_actors.runtime.config import ConfigError
-
     args = _parser().parse_args(argv)
     run = Path(args.run)
     out = console()

@@ -18,7 +18,9 @@ from rich.table import Table
 from rich.text import Text
 
 from tools._output import console, fail, print_json, styled
+from tools._replay.audit import Audit, audit_events
 from tools._replay.run import RunError, RunView
+from tools._replay.state import fold_state
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _drift(args) -> int:
-    import torch
+    import torch  # noqa: PLC0415 - keeps t1-replay free of torch but for drift (1.5 s importtime)
 
-    from tools._replay.drift import drift_of_run
+    from tools._replay.drift import drift_of_run  # noqa: PLC0415 - keeps t1-replay free of torch but for drift (1.6 s importtime)
 
     torch.set_num_threads(max(1, args.threads))
     view = RunView.open(args.run)
@@ -114,7 +116,7 @@ def _drift(args) -> int:
 
 
 def _show(args) -> int:
-    from tools._replay.show import trial_view
+    from tools._replay.show import trial_view  # noqa: PLC0415 - keeps t1-replay free of torch but for show (2.0 s importtime)
 
     view = RunView.open(args.run)
     out = trial_view(view, args.trial, tokenizer=view.tokenizer(args.tokenizer))
@@ -160,7 +162,7 @@ def _show(args) -> int:
 
 
 def _report(args) -> int:
-    from tools.report import write_report
+    from tools.report import write_report  # noqa: PLC0415 - keeps t1-replay free of torch but for report (2.0 s importtime)
 
     out = write_report(args.run, args.out)
     if args.json:
@@ -177,8 +179,6 @@ def _report(args) -> int:
 
 
 def _state(args) -> int:
-    from tools._replay.state import fold_state
-
     view = RunView.open(args.run)
     upto = view.index_of(args.at) if args.at is not None else None
     state = fold_state(view.events, upto)
@@ -203,8 +203,6 @@ def _state(args) -> int:
 
 def _audit(args) -> int:
     """Exit 0 when clean (every count that must be 0 is, and something was checked), 1 otherwise."""
-    from tools._replay.audit import Audit, audit_events
-
     view = RunView.open(args.run)
     audit = audit_events(view.events, weights_root=view.root)
     out = audit.to_json()

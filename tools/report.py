@@ -26,6 +26,8 @@ from schemas import (
 )
 from storage import EventLog
 from t1_actors.rollout.endings import trial_endings
+from t1_actors.stats import labelled_attempts, pass_at_k_curve
+from tools._replay.run import RunError, RunView
 from tools._report.skill import kl_rl_sft, plot_pass_at_k
 from tools._report.time_shares import plot_time_shares
 
@@ -213,10 +215,10 @@ def summary_of(s: dict) -> dict:
 
 def write_plots(events, out_dir: str | Path) -> list[Path]:
     """The run's PNG figures under ``out_dir``; returns their paths."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - matplotlib only when plotting (pyplot: 0.6 s importtime)
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib only when plotting (pyplot: 0.6 s importtime)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -292,8 +294,6 @@ def _fmt(value) -> str:
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict:
     """PNG plots + summary.md of the run at ``run_dir`` (default output RUN/report/). Returns the summary
     with ``figures`` and ``markdown`` paths added."""
-    from tools._replay.run import RunError, RunView
-
     view = RunView.open(run_dir)
     if out_dir is None and view.root is None:
         raise RunError(f"{run_dir}: no run directory on this machine to write report/ into; pass --out DIR")
@@ -315,7 +315,5 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
 
 
 def _pass_at_k(view) -> dict:
-    from t1_actors.stats import labelled_attempts, pass_at_k_curve
-
     attempts = labelled_attempts(e for _, e in view.events)
     return {policy: pass_at_k_curve(attempts.get(f"{policy}_passk", [])) for policy in ("sft", "rl")}

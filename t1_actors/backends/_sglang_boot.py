@@ -29,12 +29,12 @@ def _unpin_host_buffers() -> None:
     """Host caches on the CPU engine: allocated unpinned (the capturer asks for ``pin_memory=True``)."""
     if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
         return
-    from sglang.srt.mem_cache.pool_host import common
+    from sglang.srt.mem_cache.pool_host import common  # noqa: PLC0415 - optional extra (runs in the sglang venv)
 
     def allocate_unpinned(dims, dtype, device, pin_memory, allocator, registration_granularity_bytes=None):
         del pin_memory, registration_granularity_bytes  # no device: nothing to pin or register for
         if allocator is None:
-            import torch
+            import torch  # noqa: PLC0415 - optional extra: an sglang hook, run in the sglang venv
             return torch.empty(dims, dtype=dtype, device=device)
         return allocator.allocate(dims, dtype=dtype, device=device)
 
@@ -58,10 +58,10 @@ def _stop_with_parent(parent: int, poll_s: float = 1.0) -> None:
 
 def main(argv: list[str]) -> None:
     """What ``python -m sglang.launch_server ARGV`` does, with this file staying ``__main__`` (see above)."""
-    from sglang.launch_server import run_server
-    from sglang.srt.plugins import load_plugins
-    from sglang.srt.server_args import prepare_server_args
-    from sglang.srt.utils import kill_process_tree
+    from sglang.launch_server import run_server  # noqa: PLC0415 - optional extra (runs in the sglang venv)
+    from sglang.srt.plugins import load_plugins  # noqa: PLC0415 - optional extra (runs in the sglang venv)
+    from sglang.srt.server_args import prepare_server_args  # noqa: PLC0415 - optional extra (runs in the sglang venv)
+    from sglang.srt.utils import kill_process_tree  # noqa: PLC0415 - optional extra (runs in the sglang venv)
 
     _stop_with_parent(os.getppid())
     load_plugins()

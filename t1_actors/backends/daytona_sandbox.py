@@ -55,7 +55,7 @@ class DaytonaSandboxBackend:
     name = "daytona"
 
     def __init__(self, config: DaytonaSandboxConfig | None = None):
-        from daytona import Daytona, DaytonaConfig
+        from daytona import Daytona, DaytonaConfig  # noqa: PLC0415 - optional extra (daytona)
 
         self.config = config or DaytonaSandboxConfig()
         api_key = os.environ.get(self.config.api_key_env)
@@ -70,7 +70,7 @@ class DaytonaSandboxBackend:
         self._lock = threading.Lock()
 
     def _params(self, task: Task, name: str) -> Any:
-        from daytona import CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, Image, Resources
+        from daytona import CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, Image, Resources  # noqa: PLC0415 - optional extra (daytona)
 
         common: dict[str, Any] = dict(name=name, network_block_all=True, env_vars=dict(task.environment.env),
                                       labels={"t1.task": task.id}, auto_stop_interval=self.config.auto_stop_minutes,
@@ -156,7 +156,7 @@ class DaytonaSandbox:
         self._closed = False
 
     def lay_down_environment(self) -> None:
-        from daytona import FileUpload
+        from daytona import FileUpload  # noqa: PLC0415 - optional extra (daytona)
 
         environment = self.task.environment
         self._call("mkdir", lambda: self.remote.process.exec(f"mkdir -p {shlex.quote(self.workdir)}", timeout=60))
@@ -183,7 +183,7 @@ class DaytonaSandbox:
             raise SandboxInfraError(f"Daytona {what} failed for trial {self.trial_id}: {exc}") from exc
 
     def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
-        from daytona import DaytonaTimeoutError
+        from daytona import DaytonaTimeoutError  # noqa: PLC0415 - optional extra (daytona)
 
         timeout = timeout_s or self.task.limits.command_timeout_s
         env = {k: v for k, v in self.task.environment.env.items()}
@@ -208,7 +208,7 @@ class DaytonaSandbox:
         return self._call("download", lambda: self.remote.fs.download_file(path))
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        from daytona import FileUpload
+        from daytona import FileUpload  # noqa: PLC0415 - optional extra (daytona)
 
         self._call("upload", lambda: self.remote.fs.upload_files([FileUpload(source=data, destination=path)]))
         self._checked(f"chmod {mode:o} {shlex.quote(path)}", "chmod")

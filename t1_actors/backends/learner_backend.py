@@ -43,7 +43,7 @@ def open_learner_backend(backend: Backend, policy: MoEPolicy, cfg: ppo.PPOConfig
     """The engine ``backend`` names, holding ``policy`` at ``policy_version``. ``max_tokens_per_microbatch``
     bounds the torch backend's forward/backward (megatron sizes its own micro-batches)."""
     if backend == "megatron":
-        from t1_actors.backends.megatron_learner import MegatronLearner  # megatron-core is an optional extra
+        from t1_actors.backends.megatron_learner import MegatronLearner  # noqa: PLC0415 - optional extra (megatron-core)
 
         engine = MegatronLearner(policy.config, cfg, policy_version=policy_version, replay=replay,
                                  fidelity_metrics=fidelity_metrics, seed=seed)

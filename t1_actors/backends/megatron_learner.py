@@ -100,9 +100,9 @@ def _cpu_path():
 
 def _prepare_megatron(seed: int) -> None:
     """Process group (1 rank of gloo if none), model-parallel state (all sizes 1), RNG, CPU patches."""
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import random as mp_random
-    from megatron.core.transformer.moe import moe_utils
+    from megatron.core import parallel_state  # noqa: PLC0415 - optional extra (megatron-core)
+    from megatron.core.tensor_parallel import random as mp_random  # noqa: PLC0415 - optional extra (megatron-core)
+    from megatron.core.transformer.moe import moe_utils  # noqa: PLC0415 - optional extra (megatron-core)
 
     if not dist.is_initialized():
         init = Path(tempfile.mkdtemp(prefix="t1-megatron-pg-")) / "init"
@@ -126,9 +126,9 @@ def build_gpt_model(config: ModelConfig, *, seed: int = 0, aux_loss_coef: float 
     """A megatron-core GPTModel with the policy's architecture (see the module docstring)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed": expected on CPU
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.models.gpt.gpt_model import GPTModel
-        from megatron.core.transformer.transformer_config import TransformerConfig
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: PLC0415 - optional extra (megatron-core)
+        from megatron.core.models.gpt.gpt_model import GPTModel  # noqa: PLC0415 - optional extra (megatron-core)
+        from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: PLC0415 - optional extra (megatron-core)
     _prepare_megatron(seed)
     torch.manual_seed(seed)
     tconfig = TransformerConfig(
@@ -233,7 +233,7 @@ class MegatronLearner:
         self.model = build_gpt_model(config, seed=seed, aux_loss_coef=cfg.moe_aux_loss_coef)
         self.routers = [layer.mlp.router for layer in self.model.decoder.layers]
         self.replays = [router.router_replay for router in self.routers]
-        from megatron.core.transformer.moe.router_replay import RouterReplay
+        from megatron.core.transformer.moe.router_replay import RouterReplay  # noqa: PLC0415 - optional extra (megatron-core)
         # this learner drives its own routers; megatron's global registry would mix models of a process
         for instance in self.replays:
             if instance in RouterReplay.global_router_replay_instances:
@@ -263,7 +263,7 @@ class MegatronLearner:
 
     def forward(self, inputs: torch.Tensor, routing: torch.Tensor | None = None, capture: bool = False):
         """(logits [B,T,V] float32, routing [B,T,L,k] | None); ``routing`` given = R3 replay."""
-        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction  # noqa: PLC0415 - optional extra (megatron-core)
 
         batch, steps = inputs.shape
         positions = torch.arange(steps, device=inputs.device).expand(batch, steps)

@@ -20,6 +20,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from t1_actors.policy import MoEPolicy
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.generation import Generation
 from t1_actors.policy.sampling import SamplingParams
@@ -112,17 +113,16 @@ async def open_sampler_backend(config: SamplerConfig, *, policy=None, policy_pat
     (the served model's shape) sizes the routing record.
     """
     if config.backend == "torch":
-        from t1_actors.backends.torch_sampler import TorchSampler
+        from t1_actors.backends.torch_sampler import TorchSampler  # noqa: PLC0415 - cycle: torch_sampler imports this module at load
 
         if policy is None:
             if policy_path is None:
                 raise ValueError("the torch sampler needs a policy (an MoEPolicy or policy_path to a saved one)")
-            from t1_actors.policy import MoEPolicy
             policy = MoEPolicy.load(policy_path)
         async with TorchSampler.open(policy, config=config, version=version) as backend:
             yield backend
     else:
-        from t1_actors.backends.sglang_sampler import SGLangSampler
+        from t1_actors.backends.sglang_sampler import SGLangSampler  # noqa: PLC0415 - cycle: sglang_sampler imports this module at load
 
         async with SGLangSampler.open(config, model=model, version=version) as backend:
             yield backend

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from t1_actors.backends.daytona_sandbox import DaytonaSandboxConfig
-from t1_actors.backends.local_sandbox import LocalSandboxConfig
+from t1_actors.backends.daytona_sandbox import DaytonaSandboxBackend, DaytonaSandboxConfig
+from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
 
 
 class SandboxConfig(BaseModel):
@@ -24,9 +24,6 @@ class SandboxConfig(BaseModel):
 def open_backend(config: SandboxConfig) -> Any:
     """The configured backend (blocking: run it in a thread)."""
     if config.backend == "daytona":
-        from t1_actors.backends.daytona_sandbox import DaytonaSandboxBackend
-
         return DaytonaSandboxBackend(config.daytona)
-    from t1_actors.backends.local_sandbox import LocalSandboxBackend
 
     return LocalSandboxBackend(config.local)

@@ -32,6 +32,7 @@ import trio
 
 from schemas import routing_dtype
 from t1_actors.backends.sampler_backend import BackendUnavailable, EngineInfo, GenerateSpec, SamplerConfig
+from t1_actors.backends.sglang_server import engine_from_server_info
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.generation import FinishReason, Generation
 
@@ -198,8 +199,6 @@ class SGLangSampler:
 
 async def _engine(client: httpx.AsyncClient, url: str) -> EngineInfo:
     """The server's ``EngineInfo``; ``BackendUnavailable`` when nothing answers at ``url``."""
-    from t1_actors.backends.sglang_server import engine_from_server_info
-
     try:
         response = await client.get("/get_server_info", timeout=30.0)
     except httpx.TransportError as exc:

@@ -23,6 +23,7 @@ from typing import Any
 
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.backends.sglang_server import SGLangServer
+from t1_actors.job.config import parse_config
 from t1_actors.rollout.admission import StalenessConfig
 from t1_actors.schedule import CampaignConfig
 
@@ -57,8 +58,6 @@ def local_sglang(config, policy_dir: str | Path, run_dir: str | Path) -> Iterato
 
 
 def with_sampler_url(config, url: str):
-    from t1_actors.job.config import parse_config
-
     data = config.to_jsonable()
     if config.run.hmac_key is not None:
         data["run"]["hmac_key"] = config.run.hmac_key.get_secret_value()

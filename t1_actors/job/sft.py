@@ -29,6 +29,7 @@ from t1_actors.policy import MoEPolicy, load_tokenizer
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
 from t1_actors.tasks import TasksConfig, build_task_sets, oracle_trajectory
+from t1_actors.warmstart.chats import oracle_chat, turn_examples
 from t1_actors.warmstart.finetune import chat_corpus, execute_oracle_pool, supervised_finetune
 
 
@@ -65,7 +66,6 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
 
     examples_of = None
     if getattr(tokenizer, "chat_template", None) is not None:  # an HF template: reasoning chats, TITO-style examples
-        from t1_actors.warmstart.chats import oracle_chat, turn_examples
 
         def examples_of(task, outputs):
             chat = oracle_chat(task.instruction, oracle_trajectory(task), outputs, campaign.tool_output_chars)

@@ -20,6 +20,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from t1_actors.policy.config import ModelConfig, Qwen35MoeConfig
+from t1_actors.policy.model import MoEPolicy
+from t1_actors.policy.qwen35 import Qwen35MoePolicy
 
 _EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED_EXPERT_KEY = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_up_proj|down_proj)$")
@@ -202,9 +204,6 @@ def from_pretrained(path: str | Path, *, dtype: torch.dtype | None = None):
     """The policy of a Hugging Face directory (config.json + one or more *.safetensors): ``MoEPolicy``
     for Qwen3-MoE, ``Qwen35MoePolicy`` for Qwen3.5-MoE (text-only or multimodal checkpoint).
     Raises ValueError naming the tensor when one is missing, unexpected or of another shape."""
-    from t1_actors.policy.model import MoEPolicy
-    from t1_actors.policy.qwen35 import Qwen35MoePolicy
-
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.is_file():

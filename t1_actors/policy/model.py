@@ -186,11 +186,11 @@ class MoEPolicy(nn.Module):
 
     def save(self, path: str | Path) -> Path:
         """Write a Hugging Face Qwen3-MoE directory (config.json + model.safetensors) at ``path``."""
-        from t1_actors.policy._hf import save_pretrained
+        from t1_actors.policy._hf import save_pretrained  # noqa: PLC0415 - cycle: _hf imports policy.model at load
         return save_pretrained(self, path)
 
     @classmethod
     def load(cls, path: str | Path, *, dtype: torch.dtype | None = None) -> MoEPolicy:
         """Load a directory written by ``save`` (or any HF Qwen3-MoE checkpoint)."""
-        from t1_actors.policy._hf import from_pretrained
+        from t1_actors.policy._hf import from_pretrained  # noqa: PLC0415 - cycle: _hf imports policy.model at load
         return from_pretrained(path, dtype=dtype)

@@ -24,7 +24,7 @@ from t1_actors import tito
 from t1_actors.policy.chat_template import render_chat
 from t1_actors.policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
 from t1_actors.policy.generation import NO_PREFIX, TurnPrefix
-from t1_actors.rollout.admission import LengthBias, StalenessConfig, admit, policy_lag
+from t1_actors.rollout.admission import LengthBias, StalenessConfig, admit, policy_lag, trials_to_launch
 from t1_actors.rollout.loop import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
 from t1_actors.stats import wilson_interval
 
@@ -317,8 +317,6 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
     next batch with its tokens and per-token versions kept. Batch n starts only once the learner has
     reached version n - max_batches_ahead, so rollouts never run further ahead than that.
     """
-    from t1_actors.rollout.admission import trials_to_launch
-
     stats = stats or BatchStats()
     ports = runner.ports
     resumable: list[_InFlight] = []

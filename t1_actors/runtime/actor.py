@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from schemas import Record
 from schemas.events import Event
 from storage import SegmentWriter
-from t1_actors.runtime.config import ActorSpec, ConfigError, RuntimeConfig
+from t1_actors.runtime.config import ActorSpec, ConfigError, RuntimeConfig, explain
 from t1_actors.runtime.inflight import InFlight
 from t1_actors.runtime.peers import PeerGroup, Peers
 
@@ -131,7 +131,6 @@ class Actor:
         try:
             return cls.Options.model_validate(spec.options)
         except ValidationError as exc:
-            from t1_actors.runtime.config import explain
             raise ConfigError(f"actor {spec.name!r} options: {explain(exc)}") from None
 
     # ---- lifecycle hooks, overridden by subclasses ---------------------------------------------

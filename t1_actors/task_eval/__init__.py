@@ -23,13 +23,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import secrets
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import trio
+
+from storage import EventLog
+from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+from t1_actors.policy.sampling import SamplingParams
+from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
+from t1_actors.rollout.trials import TrialRunner
+from t1_actors.runtime.config import ConfigError
 from t1_actors.task_eval._models import is_model_policy, model_source
+from t1_actors.task_eval._progress import EvalProgress
+from t1_actors.task_eval._runner import EvalPorts, ModelPolicy, NoopPolicy, OraclePolicy, play_attempt
 from t1_actors.task_eval._summary import attempt_rows, compare, markdown, summarise
+from t1_actors.tasks.errors import TaskFormatError
+from t1_actors.tasks.formats import load_tasks
+from t1_actors.verify.engine import Verifier, VerifierConfig
 
 __all__ = ["main", "attempt_rows", "summarise", "compare", "markdown"]
 
@@ -67,10 +81,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def load_task_set(sources: list[str], filters: list[str]) -> list:
     """Tasks from directories or list files, filtered on metadata; ids unique across sources."""
-    from t1_actors.runtime.config import ConfigError
-    from t1_actors.tasks.errors import TaskFormatError
-    from t1_actors.tasks.formats import load_tasks
-
     wanted = {}
     for item in filters:
         key, sep, value = item.partition("=")
@@ -112,8 +122,6 @@ def _header(args, tasks: list, source) -> dict[str, Any]:
 
 
 def _check_resume(out: Path, header: dict[str, Any]) -> None:
-    from t1_actors.runtime.config import ConfigError
-
     path = out / "eval-config.json"
     if not path.is_file():
         return
@@ -126,16 +134,6 @@ def _check_resume(out: Path, header: dict[str, Any]) -> None:
 
 
 async def _run(args, tasks: list, out: Path, header: dict, show, stream, source) -> dict[str, Any]:
-    import secrets
-
-    import trio
-
-    from storage import EventLog
-    from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
-    from t1_actors.task_eval._progress import EvalProgress
-    from t1_actors.task_eval._runner import EvalPorts, NoopPolicy, OraclePolicy, play_attempt
-    from t1_actors.verify.engine import Verifier, VerifierConfig
-
     log = EventLog.open(out / "log", create=not (out / "log").exists())
     done = attempt_rows(log)
     todo = [(t, a) for t in tasks for a in range(args.attempts) if (t.id, a) not in done]
@@ -180,11 +178,6 @@ async def _run(args, tasks: list, out: Path, header: dict, show, stream, source)
 
 def _model_policy(name: str, source, ports, sampler, by_id):
     """The campaign's agent loop on ``sampler``, with the source's tokenizer, limits and temperature."""
-    from t1_actors.policy.sampling import SamplingParams
-    from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
-    from t1_actors.rollout.trials import TrialRunner
-    from t1_actors.task_eval._runner import ModelPolicy
-
     tokenizer = load_tokenizer(source.tokenizer)
     ports.sampler, ports.version = sampler, source.version
     ports.params = SamplingParams(max_new_tokens=source.campaign.max_new_tokens, temperature=source.temperature,
@@ -194,9 +187,6 @@ def _model_policy(name: str, source, ports, sampler, by_id):
 
 
 def _compare(args, show) -> int:
-    from storage import EventLog
-    from t1_actors.runtime.config import ConfigError
-
     logs = []
     for run in args.compare:
         if not (Path(run) / "log").exists():
@@ -217,10 +207,6 @@ def _compare(args, show) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import trio
-
-    from t1_actors.runtime.config import ConfigError
-
     args = _parser().parse_args(argv)
     stream = sys.stderr if args.json else sys.stdout  # the human-readable lines; stdout's last line is the JSON
 

@@ -23,8 +23,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
+import torch
+
 from t1_actors.backends.sampler_backend import SamplerConfig
+from t1_actors.backends.sglang_sampler import SGLangSampler
+from t1_actors.backends.torch_sampler import TorchSampler
+from t1_actors.job.config import load_config
+from t1_actors.layout import tokenizer_path, weights_dir
+from t1_actors.policy import MoEPolicy
+from t1_actors.policy._hf import config_from_hf, from_pretrained
 from t1_actors.policy.config import ModelConfig
+from t1_actors.policy.tokenizer import load_tokenizer
 from t1_actors.runtime.config import ConfigError
 from t1_actors.schedule import CampaignConfig
 
@@ -55,15 +65,10 @@ class ModelSource:
         """The sampler backend serving this policy (closed on exit)."""
 
         if self.sglang_url is not None:
-            from t1_actors.backends.sglang_sampler import SGLangSampler
-
             config = SamplerConfig(backend="sglang", sglang_url=self.sglang_url)
             async with SGLangSampler.open(config, model=self.model, version=self.version) as sampler:
                 yield sampler
             return
-        import torch
-
-        from t1_actors.backends.torch_sampler import TorchSampler
 
         torch.set_num_threads(threads)
         policy = _load_weights(self.spec, self.weights)
@@ -98,9 +103,6 @@ def model_source(spec: str, *, temperature: float | None = None, tokenizer: str 
 
 
 def _run_source(spec: str, temperature: float | None) -> ModelSource:
-    from t1_actors.job.config import load_config
-    from t1_actors.layout import tokenizer_path, weights_dir
-
     run, _, version = spec[len("run:"):].partition("@")
     run_dir = Path(run)
     config_path = run_dir / "config.resolved.json"
@@ -134,8 +136,6 @@ def _hf_source(spec: str, temperature: float | None, tokenizer: str | None) -> M
 
 def _sglang_source(spec: str, temperature: float | None, tokenizer: str | None,
                    model_config: str | None) -> ModelSource:
-    import httpx
-
     url = spec[len("sglang:"):].rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"--policy {spec}: write the server's URL, e.g. sglang:http://127.0.0.1:30000")
@@ -161,8 +161,6 @@ def _sglang_source(spec: str, temperature: float | None, tokenizer: str | None,
 
 
 def _hf_config(path: Path, what: str):
-    from t1_actors.policy._hf import config_from_hf
-
     if not path.is_file():
         raise ConfigError(f"{what}: {path} not found; an HF model directory holds config.json + *.safetensors")
     try:
@@ -173,9 +171,6 @@ def _hf_config(path: Path, what: str):
 
 def _tokenizer(source: str | Path, spec: str) -> Path:
     """A tokenizer path ``policy.load_tokenizer`` takes; a t1 run directory means its tokenizer."""
-    from t1_actors.layout import tokenizer_path
-    from t1_actors.policy.tokenizer import load_tokenizer
-
     path = Path(source)
     if (path / "config.resolved.json").is_file():
         path = tokenizer_path(path)
@@ -188,9 +183,6 @@ def _tokenizer(source: str | Path, spec: str) -> Path:
 
 def _load_weights(spec: str, weights: Path):
     if spec.startswith("hf:"):
-        from t1_actors.policy._hf import from_pretrained
-
         return from_pretrained(weights, dtype=None).float().eval()
-    from t1_actors.policy import MoEPolicy
 
     return MoEPolicy.load(weights)

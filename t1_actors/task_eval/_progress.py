@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 
 def describe(outcome) -> str:
     """One attempt's ending in a few words: ``resolved 5/5``, ``not resolved 2/9``, ``timeout, 0/3``,
@@ -24,14 +27,10 @@ class EvalProgress:
     ``[k/N] TASK attempt A: ENDING``. ``done`` attempts (a resumed eval's) count as finished from the start."""
 
     def __init__(self, stream: TextIO, total: int, done: int = 0):
-        from rich.console import Console
-
         self.total, self.finished_count = total, done
         self.console = Console(file=stream)
         self._bar = self._job = None
         if self.console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
             self._bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=self.console)
             self._job = self._bar.add_task("eval", total=total, completed=done, last="")

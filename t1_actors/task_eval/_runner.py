@@ -21,6 +21,7 @@ import trio
 
 from schemas import SandboxExec, TrialEnded, TrialIssued
 from t1_actors.backends._sandbox.interface import SandboxInfraError
+from t1_actors.backends.sampler_backend import GenerateSpec
 from t1_actors.policy.generation import NO_PREFIX, Generation, TurnPrefix
 from t1_actors.rollout import ToolOutcome
 from t1_actors.rollout.inprocess import InProcessPorts
@@ -69,8 +70,6 @@ class EvalPorts(InProcessPorts):
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
                        temperature: float | None = None, prefix: TurnPrefix = NO_PREFIX,
                        record_routing: bool = True) -> Generation:
-        from t1_actors.backends.sampler_backend import GenerateSpec
-
         update: dict[str, Any] = {"seed": None if seed is None else mixed_seed(self.seed, seed)}
         if temperature is not None:
             update["temperature"] = temperature

@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from schemas import VerifierResult
 from t1_actors.backends._sandbox.dependencies import ensure_dependencies, missing_dependencies  # noqa: F401 (re-export)
 from t1_actors.backends._sandbox.interface import SandboxInfraError
+from t1_actors.backends._sandbox.remote_verify import pytest_bundle, verify_in_sandbox
 from t1_actors.backends.local_sandbox import TrialRoot
 from t1_actors.train.ppo import REWARD_SCALE, reward
 
@@ -304,8 +305,6 @@ class Verifier:
     def verify_in_sandbox(self, task: Task, sandbox) -> Verification:
         """Verify a trial whose root this host cannot mount (a Daytona sandbox): the tests and a trusted
         pytest bundle go into the sandbox only now (see ``_sandbox/remote_verify.py`` for what is weaker)."""
-        from t1_actors.backends._sandbox.remote_verify import pytest_bundle, verify_in_sandbox
-
         start = time.monotonic()
         sha = tree_sha256(task.tests.files)
         trial = _Named(sandbox.trial_id)

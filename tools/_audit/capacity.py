@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from t1_actors.policy._hf import config_from_hf
 from t1_actors.policy.config import ModelConfig
 from tools._audit import capacity_plan as cap
 from tools._output import console, fail, print_json, styled
@@ -47,7 +48,6 @@ def _model_config(spec: str) -> ModelConfig:
         raise ValueError(f"--model {spec!r}: not 'paper', 'tiny' or an existing config.json")
     raw = json.loads(path.read_text())
     if "num_hidden_layers" in raw or "model_type" in raw:  # a Hugging Face (Qwen3-MoE) config.json
-        from t1_actors.policy._hf import config_from_hf
 
         return config_from_hf(raw)
     unknown = set(raw) - set(ModelConfig.model_fields)

@@ -22,9 +22,12 @@ Execution goes through a ``TrialRunner`` (one fresh sandbox per run, then the ta
 from __future__ import annotations
 
 import ast
+import io
 import posixpath
 import re
 import shlex
+import tarfile
+import zipfile
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -197,10 +200,6 @@ def hidden_requirements(task: Task, visible: set[str] = frozenset()) -> list[str
 
 def _archive_members(task: Task) -> set[str]:
     """File names inside the tar/zip archives the environment gives the agent."""
-    import io
-    import tarfile
-    import zipfile
-
     names = set()
     for path, spec in task.environment.files.items():
         data = spec.data

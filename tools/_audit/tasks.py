@@ -7,6 +7,10 @@ import argparse
 from rich.table import Table
 from rich.text import Text
 
+from t1_actors.tasks import load_tasks
+from t1_actors.tasks.errors import TaskFormatError
+from tools._audit.task_checks import audit_task
+from tools._audit.task_runner import LocalTrialRunner
 from tools._output import console, fail, print_json, styled
 
 GATES = ("oracle_passes", "noop_fails", "no_shortcut", "no_leakage", "no_hidden_requirement")
@@ -22,11 +26,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from t1_actors.tasks import load_tasks
-    from t1_actors.tasks.errors import TaskFormatError
-    from tools._audit.task_checks import audit_task
-    from tools._audit.task_runner import LocalTrialRunner
-
     try:
         tasks = load_tasks(args.dir)
     except TaskFormatError as exc:

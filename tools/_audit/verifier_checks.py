@@ -14,11 +14,17 @@ The log's own chunk checksums are verified too (``EventLog.verify``).
 
 from __future__ import annotations
 
+import json
+import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas import VerifierResult
+from storage import CorruptionError, EventLog
+from t1_actors.tasks import TasksConfig, build_task_sets, load_tasks
+from t1_actors.train.ppo import REWARD_SCALE
+from t1_actors.verify.engine import tree_sha256
 
 REWARD_TOLERANCE = 1e-6
 
@@ -88,12 +94,6 @@ CONFIG_NAMES = ("config.resolved.json", "config.toml", "config.json")  # the cam
 def task_sources(tasks_dirs: list[Path], config: Path | None) -> tuple[dict[str, str], list[str]]:
     """Checksum of every task's tests by id, from task directories and the run config's [tasks] section
     (the synthetic corpus is regenerated from it, deterministically by seed). Also names the sources."""
-    import json
-    import tomllib
-
-    from t1_actors.tasks import TasksConfig, build_task_sets, load_tasks
-    from t1_actors.verify.engine import tree_sha256
-
     expected: dict[str, str] = {}
     names = []
     for directory in tasks_dirs:
@@ -116,14 +116,10 @@ def task_sources(tasks_dirs: list[Path], config: Path | None) -> tuple[dict[str,
 def audit_verifiers(view, expected: dict[str, str]) -> VerifierAudit:
     """Audit every VerifierResult of a run (``view``: a ``tools._replay.run.RunView``) against the
     tests checksums of the task sources (``task_sources``)."""
-    from t1_actors.train.ppo import REWARD_SCALE
-
     audit = VerifierAudit()
     for event_id, result in view.of_kind(VerifierResult):
         check_result(audit, event_id, result, expected.get(result.task_id), REWARD_SCALE)
     try:
-        from storage import CorruptionError, EventLog
-
         chunks = EventLog.open(view.log_path).verify()
         audit.log_integrity = {"segments": len(chunks),
                                "chunks": sum(sum(arrays.values()) for arrays in chunks.values())}

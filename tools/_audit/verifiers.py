@@ -8,7 +8,10 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from t1_actors.tasks.errors import TaskFormatError
+from tools._audit.verifier_checks import CONFIG_NAMES, audit_verifiers, task_sources
 from tools._output import console, fail, print_json, styled
+from tools._replay.run import RunError, RunView
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,10 +27,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from t1_actors.tasks.errors import TaskFormatError
-    from tools._audit.verifier_checks import CONFIG_NAMES, audit_verifiers, task_sources
-    from tools._replay.run import RunError, RunView
-
     try:
         view = RunView.open(args.run)
     except RunError as exc:

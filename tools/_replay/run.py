@@ -15,6 +15,8 @@ from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from schemas import Event, SamplerTurn, WeightsPublished
 from storage import EventLog, LogError
 from t1_actors.layout import has_log, log_location, run_dir_of_weights, sha256_file
@@ -131,9 +133,9 @@ class RunView:
         if version in self._models:
             self._models.move_to_end(version)
             return self._models[version]
-        import torch
+        import torch  # noqa: PLC0415 - keeps t1-replay free of torch until a policy is loaded (1.5 s)
 
-        from t1_actors.policy.model import MoEPolicy
+        from t1_actors.policy.model import MoEPolicy  # noqa: PLC0415 - policy.model imports torch; only when a policy is loaded
 
         model = MoEPolicy.load(self.weights_dir(version), dtype=torch.float32).eval()
         self._models[version] = model
@@ -144,10 +146,8 @@ class RunView:
     def tokenizer(self, path: str | Path | None = None):
         """The run's tokenizer (HF tokenizers), or None when the run did not keep one. ``path``: a tokenizer.json
         or an HF tokenizer directory (what ``policy.load_tokenizer`` takes)."""
-        from tokenizers import Tokenizer
-
         if path is not None:
-            from t1_actors.policy import load_tokenizer
+            from t1_actors.policy import load_tokenizer  # noqa: PLC0415 - t1_actors.policy imports torch (3.3 s); only for a tokenizer path
 
             if not Path(path).exists():
                 raise RunError(f"--tokenizer {path}: no such file or directory (a tokenizer.json or an HF "

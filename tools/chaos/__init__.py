@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from t1_actors.backends.sandbox_backend import SandboxConfig
 from tools.chaos._audit_mutations import audit_mutations
 from tools.chaos._leftovers import Orphans, _alive, _start_time, _tree, find_orphans, leftovers  # _start_time: tests
@@ -106,8 +108,6 @@ def plan_faults(seed: int, kills: int, pauses: int) -> list[Fault]:
 def chaos_config(config: Path, out: Path, *, restart_limit: int) -> Path:
     """The config with ``CHAOS_OVERRIDES`` over its tables and over its ``[quick.*]`` tables (so --quick
     keeps them), written to ``out``; relative paths in it stay as they were (the campaign runs in the cwd)."""
-    import tomli_w
-
     data = tomllib.loads(config.read_text())
     overrides = {**CHAOS_OVERRIDES,
                  "supervisor": {**CHAOS_OVERRIDES["supervisor"], "restart_limit": restart_limit}}
@@ -136,7 +136,7 @@ class _Watch:
         self.trial_ids: list[str] = []
 
     def poll(self) -> None:
-        from storage import EventLog
+        from storage import EventLog  # noqa: PLC0415 - keeps chaos --help free of the log (storage: 0.6 s importtime)
 
         if self.cursor is None:
             if not self.log_dir.exists():
@@ -181,10 +181,10 @@ class _Watch:
 def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, run_dir: Path | None,
               timeout_s: float, say=lambda line: None) -> dict[str, Any]:
     """Run the campaign under the seed's faults; returns the report (also written to RUN/chaos.json)."""
-    from storage import EventLog
-    from t1_actors.job.config import load_config
-    from t1_actors.job.summary import code_version
-    from tools._replay.audit import audit_log
+    from storage import EventLog  # noqa: PLC0415 - keeps chaos --help free of the log (storage: 0.6 s importtime)
+    from t1_actors.job.config import load_config  # noqa: PLC0415 - keeps chaos --help free of torch (job.summary: 2.0 s importtime)
+    from t1_actors.job.summary import code_version  # noqa: PLC0415 - keeps chaos --help free of torch (job.summary: 2.0 s importtime)
+    from tools._replay.audit import audit_log  # noqa: PLC0415 - keeps chaos --help free of the log (storage: 0.6 s importtime)
 
     base = load_config(config, quick=quick, run_dir=run_dir)
     run_dir = Path(base.run.dir).resolve()
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                  and caught["caught"] == caught["tried"] > 0)
         run_dir = Path(report["run_dir"])
     else:
-        from t1_actors.job.summary import code_version
+        from t1_actors.job.summary import code_version  # noqa: PLC0415 - keeps chaos --help free of torch (job.summary: 2.0 s importtime)
 
         report = {"commit": code_version(), "not_tested": [{"key": "campaign", "reason": "not selected (--only)"}]}
         run_dir = args.run_dir.resolve() if args.run_dir is not None else None

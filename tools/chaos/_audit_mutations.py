@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from schemas import Event, LearnerStep, StalenessDecision, TrialIssued, VerifierResult, WeightsPublished
+from t1_actors.layout import weights_dir
+from tools._replay.audit import audit_events
 
 Events = list[tuple[str, Event]]
 
@@ -85,8 +87,6 @@ def _version_out_of_order(events: Events, scratch: Path) -> Events | None:
 
 
 def _weights_changed(events: Events, scratch: Path) -> Events | None:
-    from t1_actors.layout import weights_dir
-
     def where(e: WeightsPublished) -> Path:  # as the audit finds it: the location, else the run's layout
         return Path(e.location) if Path(e.location).is_dir() else weights_dir(scratch.parent, e.version)
 
@@ -121,8 +121,6 @@ MUTATIONS: dict[str, tuple[str, Callable[[Events, Path], Events | None]]] = {
 def audit_mutations(events: Iterable[tuple[str, Event]], run_dir: Path) -> dict[str, Any]:
     """Each mutation of the log's ``events`` audited (scratch files under ``RUN/audit-mutations``);
     ``{tried, caught}`` and each one's outcome."""
-    from tools._replay.audit import audit_events
-
     events = list(events)
     scratch = run_dir / "audit-mutations"
     scratch.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
 from t1_actors.runtime.config import RUN_KEY_ENV
+from t1_actors.tasks.model import Limits, Task
+from t1_actors.tasks.model import Tests as TaskTests
 from tools.chaos._hostile_cases import (
     CASES,
     COMMAND_TIMEOUT_S,
@@ -120,10 +123,7 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
                 disk_mb: int = DISK_MB) -> dict[str, Any]:
     """Run every case (or those named in ``cases``) in a sandbox and unconfined; returns the report's section
     (see the module docstring). ``disk_mb``: the attacker's per-trial disk (0: none, as before it existed)."""
-    from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
-    from t1_actors.tasks.model import Limits, Task
-    from t1_actors.tasks.model import Tests as TaskTests
-    from t1_actors.verify.engine import PristineTests, Verifier, VerifierConfig
+    from t1_actors.verify.engine import PristineTests, Verifier, VerifierConfig  # noqa: PLC0415 - keeps chaos free of torch until this section runs (1.3 s)
 
     owned = directory is None
     directory = Path(tempfile.mkdtemp(prefix="t1-hostile-")) if owned else directory

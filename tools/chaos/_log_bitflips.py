@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from storage import CorruptionError, EventLog, StorageConfig
+from storage._format import segment_dir
+from storage._reader import SegmentReader
 from tools.chaos._events import EVENT_KINDS, ROUTING, event_for
 from tools.chaos._log_layouts import LAYOUTS
 
 
 def _committed_files(location: Path, config: StorageConfig) -> list[tuple[Path, str, Any]]:
     """(file, array, chunk or a function offset -> chunk) of every committed data file of segment w."""
-    from storage._format import segment_dir
-
     seg = location / segment_dir("w")
     out: list[tuple[Path, str, Any]] = [(seg / "commits.log", "commits", None)]
     for array_dir in sorted(p for p in seg.iterdir() if p.is_dir()):
@@ -41,8 +41,6 @@ def _committed_files(location: Path, config: StorageConfig) -> list[tuple[Path, 
 
 def bit_flips(work_dir: Path, *, seed: int, flips: int, controls: int = 20) -> dict[str, Any]:
     """``flips`` single-bit flips in committed files, each checked by a fresh ``verify()``."""
-    from storage._reader import SegmentReader
-
     rng = random.Random(seed)
     logs = {}
     for layout, config in LAYOUTS.items():

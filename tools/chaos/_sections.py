@@ -13,8 +13,11 @@ what could not count as evidence. A section that was not selected, or cannot run
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
+
+from t1_actors.backends._sandbox import cgroups
 
 SECTIONS = ("campaign", "sandbox", "tamper", "log", "wire")
 SECTION_KEYS = {"sandbox": ("sandbox_escapes_tried", "sandbox_escapes_succeeded"),
@@ -36,7 +39,6 @@ def unavailable() -> str | None:
     """Why the sections cannot run on this machine, or None."""
     if os.geteuid() != 0:
         return "needs root (the local sandbox: mounts and cgroups)"
-    from t1_actors.backends._sandbox import cgroups
 
     return cgroups.available()
 
@@ -54,11 +56,11 @@ def run_sections(selected: list[str], directory: Path | None = None, say=lambda 
             continue
         where = directory / section if directory is not None else None
         if section == "sandbox":
-            from tools.chaos._hostile import run_hostile
+            from tools.chaos._hostile import run_hostile  # noqa: PLC0415 - each section's module when it runs (keeps chaos --help at 0.3 s)
 
             part = run_hostile(where, say=say)
         else:
-            from tools.chaos._tamper import run_tamper
+            from tools.chaos._tamper import run_tamper  # noqa: PLC0415 - each section's module when it runs (keeps chaos --help at 0.3 s)
 
             part = run_tamper(where, say=say)
         found = part.pop(f"{section}_positive_controls")
@@ -69,15 +71,14 @@ def run_sections(selected: list[str], directory: Path | None = None, say=lambda 
         if section not in selected:
             not_tested += [{"key": key, "reason": "not selected (--only)"} for key in SECTION_KEYS[section]]
             continue
-        import tempfile
 
         where = directory / section if directory is not None else Path(tempfile.mkdtemp(prefix=f"t1-chaos-{section}-"))
         if section == "log":
-            from tools.chaos._log_faults import log_faults
+            from tools.chaos._log_faults import log_faults  # noqa: PLC0415 - each section's module when it runs (keeps chaos --help at 0.3 s)
 
             part = log_faults(where, say=say)
         else:
-            from tools.chaos._wire_faults import wire_faults
+            from tools.chaos._wire_faults import wire_faults  # noqa: PLC0415 - each section's module when it runs (keeps chaos --help at 0.3 s)
 
             part = wire_faults(where, say=say)
         found = part.pop(f"{section}_positive_controls")  # {control: succeeded}

@@ -24,6 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from t1_actors.backends._sandbox.remote_verify import pytest_bundle
+from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+from t1_actors.tasks.model import Limits, Task
+from t1_actors.tasks.model import Tests as TaskTests
+
 SITE = "/usr/local/lib/python3.11/dist-packages"  # replaced by the sandbox python's first site dir at run time
 
 TESTS = {"test_outputs.py": (
@@ -120,11 +125,7 @@ def lay_naive(sandbox, bundle: bytes) -> None:
 
 def run_tamper(directory: Path | None = None, *, say=lambda line: None) -> dict[str, Any]:
     """Every method against the real verifier and against the naive one; the report's section."""
-    from t1_actors.backends._sandbox.remote_verify import pytest_bundle
-    from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
-    from t1_actors.tasks.model import Limits, Task
-    from t1_actors.tasks.model import Tests as TaskTests
-    from t1_actors.verify.engine import Verifier, VerifierConfig
+    from t1_actors.verify.engine import Verifier, VerifierConfig  # noqa: PLC0415 - keeps chaos free of torch until this section runs (1.3 s)
 
     owned = directory is None
     directory = Path(tempfile.mkdtemp(prefix="t1-tamper-")) if owned else directory

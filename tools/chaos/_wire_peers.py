@@ -17,10 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+import pynng
 import trio
 
 from schemas.messages import Generic, Ping
-from t1_actors.runtime import DeadlineExceeded
+from t1_actors.runtime import DeadlineExceeded, connect
 from t1_actors.runtime.auth import REQUEST, Sealer
 from t1_actors.runtime.wire import pack_envelope
 from tools.chaos._wire_frames import sealed_at
@@ -126,7 +127,6 @@ async def hostile_peers(config, target, key: bytes, other_cfg: Path) -> tuple[di
         sock = await trio.to_thread.run_sync(_raw_connect, control_path, _SP_REQ)
         sock.sendall(_ipc_message(b"\x80\x00\x00\x03" + request(Generic(op="forged")))[:40])
         sock.close()
-    import pynng
 
     for _ in range(20):
         hangup = pynng.Req0()
@@ -179,8 +179,7 @@ async def hostile_peers(config, target, key: bytes, other_cfg: Path) -> tuple[di
 
 async def _intruder(config_path: str, calls: int) -> dict[str, int]:
     """A client of another run (its own config and key) calling and pushing to the victim."""
-    from t1_actors.job.config import load_config
-    from t1_actors.runtime import connect
+    from t1_actors.job.config import load_config  # noqa: PLC0415 - keeps chaos free of torch until this section runs (1.6 s)
 
     config = load_config(Path(config_path))
     timed_out = 0

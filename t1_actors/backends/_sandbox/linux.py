@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import os
+import socket
+import struct
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -106,10 +109,6 @@ def limit_capabilities(keep: dict[str, int] = DOCKER_DEFAULT_CAPS) -> None:
 
 def set_loopback_up() -> None:
     """Bring ``lo`` up in a fresh network namespace (tests may serve on localhost)."""
-    import fcntl
-    import socket
-    import struct
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         ifreq = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(sock, 0x8913, ifreq))[1]  # SIOCGIFFLAGS

@@ -21,6 +21,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from packaging.markers import Marker
+
 from t1_actors.backends._sandbox.interface import SandboxInfraError
 from t1_actors.backends._sandbox.pytest_outcomes import FILE_PLUGIN, parse_outcomes
 from t1_actors.backends._sandbox.verify_server import PYTEST_ARGS
@@ -79,8 +81,6 @@ def _with_requirements(name: str, seen: set[str] | None = None) -> set[str]:
 
 
 def _marker_holds(marker: str) -> bool:
-    from packaging.markers import Marker
-
     return Marker(marker.strip()).evaluate()
 
 

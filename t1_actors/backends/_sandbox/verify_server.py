@@ -52,7 +52,7 @@ def trusted_mounts(exclude: str | None = None) -> list[str]:
 
 def _warm_up() -> None:
     """One pytest run on a throwaway test, so every builtin plugin is imported before the first fork."""
-    import pytest
+    import pytest  # noqa: PLC0415 - pytest is a dev extra, not a t1 dependency; only the server runs it
 
     with tempfile.TemporaryDirectory(prefix="t1-verify-warmup-") as tmp:
         Path(tmp, "t1_verifier_warmup_test.py").write_text(
@@ -243,7 +243,7 @@ def _child(request: dict, trusted: list[str], result_fd: int) -> int:
     os.dup2(log_fd, 2)
     sys.path[:] = [p for p in sys.path if p and any(p == t or p.startswith(t + "/") for t in trusted)] + extra
     sys.dont_write_bytecode = True
-    import pytest
+    import pytest  # noqa: PLC0415 - pytest is a dev extra, not a t1 dependency; only the server runs it
 
     targets = [f"/tests/{t}" for t in request["targets"]] or ["/tests"]
     _emit(result_fd, phase="setup", t=time.monotonic())

@@ -17,6 +17,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from t1_actors.tasks.errors import TaskFormatError
 from t1_actors.tasks.formats._common import build_task, expect, read_text, read_tree, write_bytes
 from t1_actors.tasks.model import Task
@@ -77,7 +79,6 @@ def load_own(path: Path) -> Task:
 
 def write_own(task: Task, directory: str | Path) -> Path:
     """Write ``task`` into ``directory`` (created; must be empty or absent) in the own format."""
-    import tomli_w  # the TOML writer (tomllib only reads); imported here so loading never needs it
     root = Path(directory)
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(f"{root} is not empty; write_task needs a fresh directory")
