@@ -52,3 +52,33 @@ def actor_config(tmp_path):
                              "actors": list(actors), **sections})
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """``make(wide=False, **overrides)``: a tiny ``ModelConfig`` (tests/fixtures/models.py states the two
+    shapes); module-level constants import ``fixtures.models.tiny_model_config`` itself."""
+    from fixtures.models import tiny_model_config
+
+    return tiny_model_config
+
+
+@pytest.fixture(scope="session")
+def quick_campaign(tmp_path_factory):
+    """The one micro ``--quick`` campaign of the session (tests/fixtures/campaign.py), run on first use and
+    read by every test that only needs a finished run: its summary, report, log, weights and tokenizer.
+    Tests must not write into it; one that needs to change a run copies it first."""
+    from fixtures.campaign import run_micro_campaign
+
+    return run_micro_campaign(tmp_path_factory.mktemp("quick-campaign"))
+
+
+@pytest.fixture(scope="session")
+def trial_world(tmp_path_factory):
+    """Real rollout engines in this process, built once per session: 24 synthetic train tasks, a BPE tokenizer
+    of 512 ids trained on them, a random ``WIDE`` policy of that vocabulary (seeded), a local sandbox backend
+    and a verifier. Tests only sample from the policy; none trains it."""
+    from fixtures.trials import open_trial_world
+
+    with open_trial_world(tmp_path_factory.mktemp("trials")) as world:
+        yield world

@@ -1,8 +1,9 @@
 """The main job end to end: `t1-actor launch --config ... --quick` with all six actors as processes.
 
 Two real campaigns, each a few minutes on 2 cores (marked slow; CI runs them):
-- a plain one: every actor ran, the log holds every event type, summary and plots exist, and nothing
-  (actor process, sandbox mount, trial root) is left behind;
+- a plain one, the session's shared ``quick_campaign`` (tests/conftest.py): every actor ran, the log holds
+  every event type, summary and plots exist, and nothing (actor process, sandbox mount, trial root) is left
+  behind; the other campaign, the seeds and `t1-actor eval` start from it;
 - a hostile one: a deliberately slow sampler with max_staleness = 0 makes stale trajectories, which are
   dropped and recorded; the learner is killed with SIGKILL mid-campaign, the supervisor restarts it,
   and the campaign completes with no learner step or weight version lost or duplicated.
@@ -21,80 +22,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from fixtures.campaign import ROOT, TINY, launch, micro_config, with_tests_on_path
 
 from schemas import ActorLifecycle, LearnerStep, StalenessDecision, WeightsPublished
 from storage import EventLog
 from tools._replay.audit import audit_log
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "configs" / "tiny.toml"
-
 pytestmark = pytest.mark.slow
-
-
-def _toml(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return repr(value)
-
-
-def _dump(data: dict) -> str:
-    """A TOML writer for the config's shapes (tables, arrays of tables, scalars, small dicts)."""
-    lines: list[str] = []
-
-    def table(prefix: str, body: dict) -> None:
-        scalars = {k: v for k, v in body.items() if not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict))}
-        if prefix:
-            lines.append(f"[{prefix}]")
-        for k, v in scalars.items():
-            lines.append(f"{k} = {_toml(v)}")
-        for k, v in body.items():
-            if isinstance(v, dict):
-                if prefix and k == "options":
-                    continue
-                table(f"{prefix}.{k}" if prefix else k, v)
-            elif isinstance(v, list) and v and isinstance(v[0], dict):
-                for item in v:
-                    lines.append(f"[[{prefix + '.' if prefix else ''}{k}]]")
-                    for ik, iv in item.items():
-                        if isinstance(iv, dict):
-                            inner = ", ".join(f"{a} = {_toml(b)}" for a, b in iv.items())
-                            lines.append(f"{ik} = {{ {inner} }}")
-                        else:
-                            lines.append(f"{ik} = {_toml(iv)}")
-
-    table("", data)
-    return "\n".join(lines) + "\n"
-
-
-def _micro_config(tmp_path: Path, **changes) -> Path:
-    """configs/tiny.toml shrunk further for tests (its [quick] tables still apply with --quick)."""
-    data = tomllib.loads(TINY.read_text())
-    data["quick"]["tasks"].update(train_size=200, eval_size=8, recovery_eval=4, validation_size=4,
-                                  recovery_validation=4)
-    data["quick"]["campaign"].update(sft_seconds=40, rl_seconds=40, warmup_trials=6, eval_concurrency=12)
-    data["quick"]["critic"] = {"warmup_trajectories": 4}
-    data["quick"]["staleness"] = {"batch_size": 6}
-    for section, values in changes.items():
-        if section == "actors":
-            data["actors"] = values
-        else:
-            data["quick"].setdefault(section, {}).update(values)
-    data["sandbox"] = {"local": {"base_dir": str(tmp_path / "sandbox")}}
-    data["verifier"] = {"base_dir": str(tmp_path / "verifier")}
-    path = tmp_path / "micro.toml"
-    path.write_text(_dump(data))
-    return path
-
-
-def _launch(config: Path, run_dir: Path, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "t1_actors.cli", "launch", "--config", str(config), "--quick",
-                             "--run-dir", str(run_dir)], cwd=ROOT, env={**os.environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -115,17 +49,8 @@ def _actor_processes(run_dir: Path) -> list[str]:
     return [line for line in out if str(run_dir) in line and "t1_actors.cli" in line and "launch" not in line]
 
 
-@pytest.fixture(scope="module")
-def plain_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("campaign")
-    run_dir = tmp / "run"
-    process = _launch(_micro_config(tmp), run_dir)
-    output, _ = process.communicate(timeout=900)
-    return process.returncode, output, run_dir, tmp
-
-
-def test_campaign_runs_all_six_actors_and_logs_every_event_type(plain_run):
-    code, output, run_dir, _ = plain_run
+def test_campaign_runs_all_six_actors_and_logs_every_event_type(quick_campaign):
+    code, output, run_dir, _ = quick_campaign
     assert code == 0, output[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert sorted(summary["actors"]) == ["critic", "learner", "sampler", "sandbox", "staleness", "verifier"]
@@ -195,8 +120,8 @@ def _every_sampled_command_of_an_eval_trial_was_executed(log, run_dir):
         assert (run_dir / "report" / name).stat().st_size > 1000
 
 
-def test_campaign_leaves_no_process_sandbox_or_mount_behind(plain_run):
-    _, _, run_dir, tmp = plain_run
+def test_campaign_leaves_no_process_sandbox_or_mount_behind(quick_campaign):
+    _, _, run_dir, tmp = quick_campaign
     assert _actor_processes(run_dir) == []
     mounts = Path("/proc/mounts").read_text()
     assert str(tmp / "sandbox") not in mounts, "a trial root is still mounted"
@@ -210,7 +135,7 @@ def test_campaign_leaves_no_process_sandbox_or_mount_behind(plain_run):
 
 
 @pytest.fixture(scope="module")
-def hostile_run(tmp_path_factory, plain_run):
+def hostile_run(tmp_path_factory, quick_campaign):
     """Warm-started from the plain run's tokenizer and SFT policy ([campaign] warm_start_from)."""
     tmp = tmp_path_factory.mktemp("hostile")
     run_dir = tmp / "run"
@@ -219,11 +144,10 @@ def hostile_run(tmp_path_factory, plain_run):
     for spec in actors:
         if spec["role"] == "sampler":
             spec["actor_class"] = "slow_sampler:SlowSampler"
-    config = _micro_config(tmp, actors=actors, staleness={"batch_size": 4, "max_staleness": 0, "oversample": 1.0},
-                           campaign={"rl_seconds": 75, "rl_steps": 12, "warm_start_from": str(plain_run[2])},
-                           eval={"sft_passes": "warm_start"})
-    env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    process = _launch(config, run_dir, env)
+    config = micro_config(tmp, actors=actors, staleness={"batch_size": 4, "max_staleness": 0, "oversample": 1.0},
+                          campaign={"rl_seconds": 75, "rl_steps": 12, "warm_start_from": str(quick_campaign.run_dir)},
+                          eval={"sft_passes": "warm_start"})
+    process = launch(config, run_dir, with_tests_on_path())
     killed = None
     deadline = time.monotonic() + 900
     while process.poll() is None and time.monotonic() < deadline and killed is None:
@@ -278,10 +202,10 @@ def test_learner_killed_mid_campaign_is_restarted_and_nothing_is_lost_or_duplica
     assert audit.clean and audit.learner_steps == len(steps), audit.to_json()
 
 
-def test_a_campaign_warm_started_from_another_reuses_its_tokenizer_and_sft_policy(plain_run, hostile_run):
+def test_a_campaign_warm_started_from_another_reuses_its_tokenizer_and_sft_policy(quick_campaign, hostile_run):
     code, output, run_dir, _ = hostile_run
     assert code == 0, output[-4000:]
-    source = plain_run[2]
+    source = quick_campaign.run_dir
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["sft"] == {"warm_start_from": str(source)}
     assert (run_dir / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
@@ -298,11 +222,11 @@ def test_a_campaign_warm_started_from_another_reuses_its_tokenizer_and_sft_polic
     assert summary["eval_change_vs_sft_best"] is not None and summary["eval_change"] is not None
 
 
-def test_seeds_run_from_one_sft_policy_write_their_table_and_resume(plain_run, tmp_path):
+def test_seeds_run_from_one_sft_policy_write_their_table_and_resume(quick_campaign, tmp_path):
     """`t1-actor launch --seeds N --base RUN`: each seed's RL from the base's SFT policy, paired against the
     base's SFT passes; the table has a row per seed; a second launch runs nothing and writes the same table."""
-    source = plain_run[2]
-    config = _micro_config(tmp_path, campaign={"rl_seconds": 40, "rl_steps": 3})
+    source = quick_campaign.run_dir
+    config = micro_config(tmp_path, campaign={"rl_seconds": 40, "rl_steps": 3})
     out = tmp_path / "seeds"
     command = [sys.executable, "-m", "t1_actors.cli", "launch", "--config", str(config), "--quick", "--seeds", "1",
                "--base", str(source), "--run-dir", str(out)]
@@ -320,10 +244,10 @@ def test_seeds_run_from_one_sft_policy_write_their_table_and_resume(plain_run, t
     assert again.returncode == 0 and json.loads((out / "seeds.json").read_text()) == table
 
 
-def test_t1_actor_eval_plays_a_run_policy_on_the_example_tasks(plain_run, tmp_path):
+def test_t1_actor_eval_plays_a_run_policy_on_the_example_tasks(quick_campaign, tmp_path):
     """`t1-actor eval --policy run:RUN`: the quick campaign's final policy through the campaign's agent loop
     on the shipped Terminal-Bench and Harbor tasks, every turn in the eval's own log."""
-    source = plain_run[2]
+    source = quick_campaign.run_dir
     examples = ROOT / "t1_actors" / "tasks" / "examples"
     out = tmp_path / "eval"
     command = [sys.executable, "-m", "t1_actors.cli", "eval", "--tasks", str(examples), "--policy", f"run:{source}",
