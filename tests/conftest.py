@@ -3,11 +3,48 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 S3_BUCKET = "t1-tests"
+# Set by .ci/run, which installs the SGLang venv while the other tests run: the file that receives
+# .ci/setup-sglang's exit status once it is done (its output is beside it, "<file>.log").
+SGLANG_SETUP_STATUS = "T1_SGLANG_SETUP_STATUS"
+SGLANG_SETUP_TIMEOUT_S = 1800
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sglang_venv: needs the SGLang venv of .ci/setup-sglang")
+
+
+def pytest_collection_modifyitems(config, items):
+    """While .ci/run installs the SGLang venv beside the tests, the tests that need it run last (the order
+    is otherwise kept): the install overlaps everything else instead of delaying it."""
+    if os.environ.get(SGLANG_SETUP_STATUS):
+        items.sort(key=lambda item: item.get_closest_marker("sglang_venv") is not None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test that needs the SGLang venv waits, before its fixtures start a server, for .ci/run's install
+    to finish, and fails with the install's output if it failed."""
+    status = os.environ.get(SGLANG_SETUP_STATUS)
+    if not status or item.get_closest_marker("sglang_venv") is None:
+        return
+    status_file = Path(status)
+    deadline = time.monotonic() + SGLANG_SETUP_TIMEOUT_S
+    while not status_file.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f".ci/setup-sglang has not finished after {SGLANG_SETUP_TIMEOUT_S} s ({status}.log)")
+        time.sleep(1.0)
+    code = status_file.read_text().strip()
+    if code != "0":
+        log = Path(f"{status}.log")
+        tail = log.read_text()[-3000:] if log.exists() else "(no log)"
+        pytest.fail(f".ci/setup-sglang failed (exit {code}):\n{tail}")
 
 
 @pytest.fixture(scope="session")

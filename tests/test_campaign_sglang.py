@@ -24,7 +24,7 @@ from storage import EventLog
 from t1_actors.backends.sglang_server import check_venv, sglang_venv
 from tools._replay.audit import audit_log
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sglang_venv]
 
 
 @pytest.fixture(scope="module")

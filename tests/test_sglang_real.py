@@ -38,7 +38,7 @@ from t1_actors.rollout import RolloutLimits, ToolOutcome, run_trial
 from t1_actors.train.ppo import PPOConfig
 from tools._replay.drift import token_logprobs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sglang_venv]
 torch.set_num_threads(1)  # the other core is the server's
 
 MODEL = tiny_model_config(vocab_size=256, hidden_size=64, head_dim=16, moe_intermediate_size=32, max_position=512)
