@@ -21,11 +21,14 @@ def _replay(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def s3_run(s3_endpoint, tmp_path_factory):
+def s3_run(s3_endpoint, tmp_path_factory, quick_campaign):
+    """SMALL, warm-started from the session's quick campaign ([campaign] warm_start_from: its tokenizer and
+    SFT policy, so no corpus pool or SFT of its own): what is under test is where each phase's facts go."""
     tmp = tmp_path_factory.mktemp("campaign-s3")
     url = f"s3://t1-tests/{tmp.name}/log"
     run_dir = tmp / "run"
-    process = launch(micro_config(tmp, storage={"url": url}, **SMALL), run_dir)
+    changes = {**SMALL, "campaign": {**SMALL["campaign"], "warm_start_from": str(quick_campaign.run_dir)}}
+    process = launch(micro_config(tmp, storage={"url": url}, **changes), run_dir)
     output, _ = process.communicate(timeout=900)
     return process.returncode, output, run_dir, url, tmp
 
