@@ -27,7 +27,8 @@ from storage import EventLog
 CONFIG = ROOT / "configs" / "qwen3-micro.toml"
 MIN_MULTI_TURN = 20  # issue 20: the repair-case shares count only over at least this many
 
-pytestmark = pytest.mark.slow
+# its campaign launch may take 1800 s (a 151k-id head on 2 shared cores): pytest-timeout must not cut it at 900
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
