@@ -48,7 +48,7 @@ EVAL_SPLIT = {"eval_size": 8, "recovery_eval": 4, "validation_size": 4, "recover
 
 
 def micro_data(work: Path, sft_steps: int | None) -> dict:
-    """configs/tiny.toml with --quick, on the tests' micro corpus (tests/test_campaign.py::_micro_config)."""
+    """configs/tiny.toml with --quick, on the tests' micro corpus (tests/fixtures/campaign.py::micro_config_data)."""
     from t1_actors.job.main import load_campaign_config
 
     data = load_campaign_config(TINY, quick=True, run_dir=work / "sft").to_jsonable()

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from fixtures.models import tiny_model_config
 
 from schemas import TrajectoryAssembled
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.model import MoEPolicy
 from t1_actors.policy.routing import routing_to_numpy
 
-TINY = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
-                   num_experts=4, top_k=2, moe_intermediate_size=32, max_position=128)
+TINY = tiny_model_config(wide=True, vocab_size=64, hidden_size=32, head_dim=16, moe_intermediate_size=32, max_position=128)
 
 
 def tiny_policy(seed: int = 0, config: ModelConfig = TINY) -> MoEPolicy:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from fixtures.models import tiny_model_config
 
 from schemas import (
     CriticWarmup,
@@ -40,8 +41,7 @@ TASKS = ["List the files in /app.", "Write hello to /app/out.txt.", "Count lines
 
 
 def tiny_config(vocab_size: int) -> ModelConfig:
-    return ModelConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
-                       head_dim=32, num_experts=4, top_k=2, moe_intermediate_size=64, max_position=1024)
+    return tiny_model_config(wide=True, vocab_size=vocab_size, max_position=1024)
 
 
 def _sha256(path: Path) -> str:

@@ -3,11 +3,48 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 S3_BUCKET = "t1-tests"
+# Set by .ci/run, which installs the SGLang venv while the other tests run: the file that receives
+# .ci/setup-sglang's exit status once it is done (its output is beside it, "<file>.log").
+SGLANG_SETUP_STATUS = "T1_SGLANG_SETUP_STATUS"
+SGLANG_SETUP_TIMEOUT_S = 1800
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sglang_venv: needs the SGLang venv of .ci/setup-sglang")
+
+
+def pytest_collection_modifyitems(config, items):
+    """While .ci/run installs the SGLang venv beside the tests, the tests that need it run last (the order
+    is otherwise kept): the install overlaps everything else instead of delaying it."""
+    if os.environ.get(SGLANG_SETUP_STATUS):
+        items.sort(key=lambda item: item.get_closest_marker("sglang_venv") is not None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test that needs the SGLang venv waits, before its fixtures start a server, for .ci/run's install
+    to finish, and fails with the install's output if it failed."""
+    status = os.environ.get(SGLANG_SETUP_STATUS)
+    if not status or item.get_closest_marker("sglang_venv") is None:
+        return
+    status_file = Path(status)
+    deadline = time.monotonic() + SGLANG_SETUP_TIMEOUT_S
+    while not status_file.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f".ci/setup-sglang has not finished after {SGLANG_SETUP_TIMEOUT_S} s ({status}.log)")
+        time.sleep(1.0)
+    code = status_file.read_text().strip()
+    if code != "0":
+        log = Path(f"{status}.log")
+        tail = log.read_text()[-3000:] if log.exists() else "(no log)"
+        pytest.fail(f".ci/setup-sglang failed (exit {code}):\n{tail}")
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +89,33 @@ def actor_config(tmp_path):
                              "actors": list(actors), **sections})
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """``make(wide=False, **overrides)``: a tiny ``ModelConfig`` (tests/fixtures/models.py states the two
+    shapes); module-level constants import ``fixtures.models.tiny_model_config`` itself."""
+    from fixtures.models import tiny_model_config
+
+    return tiny_model_config
+
+
+@pytest.fixture(scope="session")
+def quick_campaign(tmp_path_factory):
+    """The one micro ``--quick`` campaign of the session (tests/fixtures/campaign.py), run on first use and
+    read by every test that only needs a finished run: its summary, report, log, weights and tokenizer.
+    Tests must not write into it; one that needs to change a run copies it first."""
+    from fixtures.campaign import run_micro_campaign
+
+    return run_micro_campaign(tmp_path_factory.mktemp("quick-campaign"))
+
+
+@pytest.fixture(scope="session")
+def trial_world(tmp_path_factory):
+    """Real rollout engines in this process, built once per session: 24 synthetic train tasks, a BPE tokenizer
+    of 512 ids trained on them, a random ``WIDE`` policy of that vocabulary (seeded), a local sandbox backend
+    and a verifier. Tests only sample from the policy; none trains it."""
+    from fixtures.trials import open_trial_world
+
+    with open_trial_world(tmp_path_factory.mktemp("trials")) as world:
+        yield world

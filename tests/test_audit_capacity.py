@@ -92,14 +92,13 @@ def test_cli_bad_plan_is_a_clear_error(capsys):
     assert "TP x PP" in capsys.readouterr().err
 
 
-def test_cli_reads_a_saved_policy_config(tmp_path, capsys):
+def test_cli_reads_a_saved_policy_config(tmp_path, capsys, tiny_model):
     import torch
 
     from t1_actors.policy.model import MoEPolicy
 
     torch.set_num_threads(1)
-    config = ModelConfig(hidden_size=64, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=32, num_experts=4,
-                         top_k=2, moe_intermediate_size=48)
+    config = tiny_model(wide=True, vocab_size=1024, num_layers=3, moe_intermediate_size=48)
     policy = MoEPolicy(config)
     policy.save(tmp_path / "v0")
     assert main(["capacity", "--model", str(tmp_path / "v0" / "config.json"), "--devices", "1", "--json"]) == 0

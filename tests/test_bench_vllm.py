@@ -14,15 +14,15 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from fixtures.models import tiny_model_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.lib import vllm_side
 from t1_actors.backends.sglang_server import group_alive
-from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy import MoEPolicy
 
 # heads 32 wide: vLLM's CPU attention has kernels for 32, 64, 80, ... only (not the campaign policy's 40)
-MODEL = ModelConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
-                    num_experts=4, top_k=2, moe_intermediate_size=32, max_position=512)
+MODEL = tiny_model_config(wide=True, vocab_size=256, moe_intermediate_size=32, max_position=512)
 
 
 def _venv_or_skip() -> None:

@@ -1,8 +1,9 @@
 """The main job end to end: `t1-actor launch --config ... --quick` with all six actors as processes.
 
 Two real campaigns, each a few minutes on 2 cores (marked slow; CI runs them):
-- a plain one: every actor ran, the log holds every event type, summary and plots exist, and nothing
-  (actor process, sandbox mount, trial root) is left behind;
+- a plain one, the session's shared ``quick_campaign`` (tests/conftest.py): every actor ran, the log holds
+  every event type, summary and plots exist, and nothing (actor process, sandbox mount, trial root) is left
+  behind; the other campaign, the seeds and `t1-actor eval` start from it;
 - a hostile one: a deliberately slow sampler with max_staleness = 0 makes stale trajectories, which are
   dropped and recorded; the learner is killed with SIGKILL mid-campaign, the supervisor restarts it,
   and the campaign completes with no learner step or weight version lost or duplicated.
@@ -21,86 +22,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from fixtures.campaign import MICRO_CONTEXT, ROOT, TINY, launch, micro_config, with_tests_on_path
 
 from schemas import ActorLifecycle, LearnerStep, StalenessDecision, WeightsPublished
 from storage import EventLog
 from tools._replay.audit import audit_log
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "configs" / "tiny.toml"
-
 pytestmark = pytest.mark.slow
-
-
-def _toml(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return repr(value)
-
-
-def _dump(data: dict) -> str:
-    """A TOML writer for the config's shapes (tables, arrays of tables, scalars, small dicts)."""
-    lines: list[str] = []
-
-    def table(prefix: str, body: dict) -> None:
-        scalars = {k: v for k, v in body.items()
-                   if not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict))}
-        if prefix:
-            lines.append(f"[{prefix}]")
-        for k, v in scalars.items():
-            lines.append(f"{k} = {_toml(v)}")
-        for k, v in body.items():
-            if isinstance(v, dict):
-                if prefix and k == "options":
-                    continue
-                table(f"{prefix}.{k}" if prefix else k, v)
-            elif isinstance(v, list) and v and isinstance(v[0], dict):
-                for item in v:
-                    lines.append(f"[[{prefix + '.' if prefix else ''}{k}]]")
-                    for ik, iv in item.items():
-                        if isinstance(iv, dict):
-                            inner = ", ".join(f"{a} = {_toml(b)}" for a, b in iv.items())
-                            lines.append(f"{ik} = {{ {inner} }}")
-                        else:
-                            lines.append(f"{ik} = {_toml(iv)}")
-
-    table("", data)
-    return "\n".join(lines) + "\n"
-
-
-def _micro_config(tmp_path: Path, **changes) -> Path:
-    """configs/tiny.toml shrunk further for tests (its [quick] tables still apply with --quick)."""
-    data = tomllib.loads(TINY.read_text())
-    data["quick"]["tasks"].update(train_size=200, eval_size=8, recovery_eval=4, validation_size=4,
-                                  recovery_validation=4)
-    data["quick"]["campaign"].update(sft_seconds=40, rl_seconds=40, warmup_trials=6, eval_concurrency=12)
-    # long horizons in small: many turns allowed, a context smaller than a long trial needs, edited to fit by the
-    # window (the instruction and the last turns that fit: a whole turn freed per edit; dropping this policy's
-    # short tool outputs frees too little to fit often enough for a test: tests/test_rollout_context.py plays it)
-    data["quick"]["campaign"].update(max_turns=40, max_context=256, context_strategy="window", keep_last_turns=1,
-                                     tool_output_chars=120)
-    data["quick"]["critic"] = {"warmup_trajectories": 4}
-    data["quick"]["staleness"] = {"batch_size": 6}
-    for section, values in changes.items():
-        if section == "actors":
-            data["actors"] = values
-        else:
-            data["quick"].setdefault(section, {}).update(values)
-    data["sandbox"] = {"local": {"base_dir": str(tmp_path / "sandbox")}}
-    data["verifier"] = {"base_dir": str(tmp_path / "verifier")}
-    path = tmp_path / "micro.toml"
-    path.write_text(_dump(data))
-    return path
-
-
-def _launch(config: Path, run_dir: Path, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "t1_actors.cli", "launch", "--config", str(config), "--quick",
-                             "--run-dir", str(run_dir)], cwd=ROOT, env={**os.environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -121,17 +49,8 @@ def _actor_processes(run_dir: Path) -> list[str]:
     return [line for line in out if str(run_dir) in line and "t1_actors.cli" in line and "launch" not in line]
 
 
-@pytest.fixture(scope="module")
-def plain_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("campaign")
-    run_dir = tmp / "run"
-    process = _launch(_micro_config(tmp), run_dir)
-    output, _ = process.communicate(timeout=900)
-    return process.returncode, output, run_dir, tmp
-
-
-def test_campaign_runs_all_six_actors_and_logs_every_event_type(plain_run):
-    code, output, run_dir, _ = plain_run
+def test_campaign_runs_all_six_actors_and_logs_every_event_type(quick_campaign):
+    code, output, run_dir, _ = quick_campaign
     assert code == 0, output[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert sorted(summary["actors"]) == ["critic", "learner", "sampler", "sandbox", "staleness", "verifier"]
@@ -144,11 +63,13 @@ def test_campaign_runs_all_six_actors_and_logs_every_event_type(plain_run):
     counts = EventLog.open(run_dir / "log").counts()
     assert summary["events"] == counts
     # Every event kind of schemas/events.py is a fact this campaign produces. A sandbox_exec needs the
-    # 40-second policy to emit a well-formed tool call, so it is checked against what was sampled instead.
+    # 40-second policy to emit a well-formed tool call, so it is checked against what was sampled instead; a
+    # context_edited needs it to play a trial long enough (_nothing_was_cut_or_edited_silently checks edits).
     from schemas import events as event_module
     event_kinds = {cls.kind for cls in vars(event_module).values()
                    if isinstance(cls, type) and issubclass(cls, event_module.Event) and cls.kind}
-    assert event_kinds - set(counts) - {"sandbox_exec"} == set(), f"never logged: {sorted(event_kinds - set(counts))}"
+    never = event_kinds - set(counts) - {"sandbox_exec", "context_edited"}
+    assert never == set(), f"never logged: {sorted(never)}"
     assert counts["learner_step"] >= 1 and counts["weights_published"] >= 2
     _nothing_was_cut_or_edited_silently(summary, counts, EventLog.open(run_dir / "log"))
     change = summary["eval_change"]  # paired over the same 12 eval tasks, before and after RL
@@ -159,24 +80,21 @@ def test_campaign_runs_all_six_actors_and_logs_every_event_type(plain_run):
 
 def _nothing_was_cut_or_edited_silently(summary, counts, log):
     """A context smaller than the long trials need: no prompt over the budget was ever sampled (edited to fit, or
-    the trial ended "context"), every edit is a logged event, and every finish, cut and edit is counted per split in
-    summary.json, adding up to the log's events. Whether a trial runs long enough to be edited (a third turn over
-    the budget) is the 40-second policy's to decide (some runs have none): tests/test_rollout_context.py plays edits
-    through the real loop deterministically."""
-    budget = 256 - 48  # the micro config's max_context - max_new_tokens
-    turns: dict = {}
+    the trial ended "context"), every edit made its prompt fit and is a logged event, and every finish, cut and
+    edit is counted per split in summary.json, adding up to the log's events. Whether a trial runs long enough to
+    be edited (a third turn over the budget) is the 40-second policy's to decide (some runs have none):
+    tests/test_rollout_context.py plays edits through the real loop deterministically."""
+    budget = MICRO_CONTEXT - 48  # max_context - [quick.campaign] max_new_tokens
     for _, turn in log.events(kinds=["sampler_turn"]):
         assert turn.prefix_len + len(turn.prompt_ids) <= budget, (turn.trial_id, turn.turn)
-        turns.setdefault(turn.trial_id, []).append(turn)
-    edits = summary["context_edits"]
-    edited = sum(n for by_strategy in edits.values() for n in by_strategy.values())
-    assert edited == counts.get("context_edited", 0)
-    assert {strategy for by_strategy in edits.values() for strategy in by_strategy} <= {"window"}
     for edit in (e for _, e in log.events(kinds=["context_edited"])):
-        assert edit.tokens_after <= budget < edit.tokens_before and edit.turn >= 2  # an edit made it fit
+        assert edit.tokens_after <= budget < edit.tokens_before and edit.turn >= 2
+    edits = summary["context_edits"]
+    assert sum(n for by_strategy in edits.values() for n in by_strategy.values()) == counts.get("context_edited", 0)
+    assert {strategy for by_strategy in edits.values() for strategy in by_strategy} <= {"window"}
     finishes = summary["finishes"]
-    assert set(finishes) <= {"train", "warmup", "eval"} and sum(sum(f.values()) for f in finishes.values()) == \
-        counts["trial_ended"]
+    assert set(finishes) <= {"train", "warmup", "eval"}
+    assert sum(sum(f.values()) for f in finishes.values()) == counts["trial_ended"]
     assert set().union(*finishes.values()) <= {"answered", "max_turns", "context", "token_budget", "cancelled",
                                                 "sampler_error", "infra_error", "timeout", "abandoned"}
     assert set().union(*summary["truncations"].values()) <= {"tool_output", "turn_tokens"}
@@ -227,22 +145,22 @@ def _every_sampled_command_of_an_eval_trial_was_executed(log, run_dir):
         assert (run_dir / "report" / name).stat().st_size > 1000
 
 
-def test_replay_drift_reads_the_long_horizon_run_with_zero_loss_region_drift(plain_run):
-    """`t1-replay drift` on the run whose prompts were edited: every edited trial's chunks replay, the loss
-    region equals what the sampler sampled, and the gaps of trials that span versions are reported apart."""
+def test_replay_drift_reads_the_long_horizon_run_with_zero_loss_region_drift(quick_campaign):
+    """`t1-replay drift` on the micro campaign (a context it edits): every trial's chunks replay, the loss region
+    equals what the sampler sampled, and the gaps of trials that span versions are reported apart."""
     from tools._replay.drift import drift_of_run
     from tools._replay.run import RunView
 
-    code, output, run_dir, _ = plain_run
+    code, output, run_dir, _ = quick_campaign
     assert code == 0, output[-4000:]
     view = RunView.open(run_dir)
-    out = drift_of_run(view, limit=40, tokenizer=view.tokenizer(None))
+    out = drift_of_run(view, tokenizer=view.tokenizer(None))
     assert out["trajectories"] >= 1 and out["drift_rate_loss"] == 0.0 and out["logprob_record_mismatch"] == 0
     assert set(out["gap_by_versions"]) <= {"single_version", "multi_version"} and out["gap_by_versions"]
 
 
-def test_campaign_leaves_no_process_sandbox_or_mount_behind(plain_run):
-    _, _, run_dir, tmp = plain_run
+def test_campaign_leaves_no_process_sandbox_or_mount_behind(quick_campaign):
+    _, _, run_dir, tmp = quick_campaign
     assert _actor_processes(run_dir) == []
     mounts = Path("/proc/mounts").read_text()
     assert str(tmp / "sandbox") not in mounts, "a trial root is still mounted"
@@ -256,7 +174,7 @@ def test_campaign_leaves_no_process_sandbox_or_mount_behind(plain_run):
 
 
 @pytest.fixture(scope="module")
-def hostile_run(tmp_path_factory, plain_run):
+def hostile_run(tmp_path_factory, quick_campaign):
     """Warm-started from the plain run's tokenizer and SFT policy ([campaign] warm_start_from)."""
     tmp = tmp_path_factory.mktemp("hostile")
     run_dir = tmp / "run"
@@ -265,11 +183,10 @@ def hostile_run(tmp_path_factory, plain_run):
     for spec in actors:
         if spec["role"] == "sampler":
             spec["actor_class"] = "slow_sampler:SlowSampler"
-    config = _micro_config(tmp, actors=actors, staleness={"batch_size": 4, "max_staleness": 0, "oversample": 1.0},
-                           campaign={"rl_seconds": 75, "rl_steps": 12, "warm_start_from": str(plain_run[2])},
-                           eval={"sft_passes": "warm_start"})
-    env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    process = _launch(config, run_dir, env)
+    config = micro_config(tmp, actors=actors, staleness={"batch_size": 4, "max_staleness": 0, "oversample": 1.0},
+                          campaign={"rl_seconds": 75, "rl_steps": 12, "warm_start_from": str(quick_campaign.run_dir)},
+                          eval={"sft_passes": "warm_start"})
+    process = launch(config, run_dir, with_tests_on_path())
     killed = None
     deadline = time.monotonic() + 900
     while process.poll() is None and time.monotonic() < deadline and killed is None:
@@ -324,10 +241,10 @@ def test_learner_killed_mid_campaign_is_restarted_and_nothing_is_lost_or_duplica
     assert audit.clean and audit.learner_steps == len(steps), audit.to_json()
 
 
-def test_a_campaign_warm_started_from_another_reuses_its_tokenizer_and_sft_policy(plain_run, hostile_run):
+def test_a_campaign_warm_started_from_another_reuses_its_tokenizer_and_sft_policy(quick_campaign, hostile_run):
     code, output, run_dir, _ = hostile_run
     assert code == 0, output[-4000:]
-    source = plain_run[2]
+    source = quick_campaign.run_dir
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["sft"] == {"warm_start_from": str(source)}
     assert (run_dir / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
@@ -344,11 +261,11 @@ def test_a_campaign_warm_started_from_another_reuses_its_tokenizer_and_sft_polic
     assert summary["eval_change_vs_sft_best"] is not None and summary["eval_change"] is not None
 
 
-def test_seeds_run_from_one_sft_policy_write_their_table_and_resume(plain_run, tmp_path):
+def test_seeds_run_from_one_sft_policy_write_their_table_and_resume(quick_campaign, tmp_path):
     """`t1-actor launch --seeds N --base RUN`: each seed's RL from the base's SFT policy, paired against the
     base's SFT passes; the table has a row per seed; a second launch runs nothing and writes the same table."""
-    source = plain_run[2]
-    config = _micro_config(tmp_path, campaign={"rl_seconds": 40, "rl_steps": 3})
+    source = quick_campaign.run_dir
+    config = micro_config(tmp_path, campaign={"rl_seconds": 40, "rl_steps": 3})
     out = tmp_path / "seeds"
     command = [sys.executable, "-m", "t1_actors.cli", "launch", "--config", str(config), "--quick", "--seeds", "1",
                "--base", str(source), "--run-dir", str(out)]
@@ -366,10 +283,10 @@ def test_seeds_run_from_one_sft_policy_write_their_table_and_resume(plain_run, t
     assert again.returncode == 0 and json.loads((out / "seeds.json").read_text()) == table
 
 
-def test_t1_actor_eval_plays_a_run_policy_on_the_example_tasks(plain_run, tmp_path):
+def test_t1_actor_eval_plays_a_run_policy_on_the_example_tasks(quick_campaign, tmp_path):
     """`t1-actor eval --policy run:RUN`: the quick campaign's final policy through the campaign's agent loop
     on the shipped Terminal-Bench and Harbor tasks, every turn in the eval's own log."""
-    source = plain_run[2]
+    source = quick_campaign.run_dir
     examples = ROOT / "t1_actors" / "tasks" / "examples"
     out = tmp_path / "eval"
     command = [sys.executable, "-m", "t1_actors.cli", "eval", "--tasks", str(examples), "--policy", f"run:{source}",

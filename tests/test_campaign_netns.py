@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pytest
 from _netns import namespace_hosts
-from test_campaign import ROOT, _micro_config
-from test_campaign_s3 import SMALL
+from fixtures.campaign import ROOT, SMALL, micro_config
 
 from schemas import ActorLifecycle, LearnerStep, SamplerTurn
 from storage import EventLog
@@ -87,12 +86,12 @@ def test_a_campaign_on_three_hosts_survives_a_cut_link_and_logs_it(tmp_path, mon
         boto3.client("s3").create_bucket(Bucket="t1-netns")
         url = "s3://t1-netns/campaign/log"
         run_dir = tmp_path / "run"
-        config = _micro_config(tmp_path, actors=_actors(hosts), storage={"url": url},
-                               transport={"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S},
-                               supervisor={"address": f"tcp://{hosts.address['ctl']}:7390",
-                                           "restart_unresponsive": False},
-                               # the run stops by its steps, not the clock
-                               **{**SMALL, "campaign": {**SMALL["campaign"], "rl_steps": 3, "rl_seconds": 600}})
+        config = micro_config(tmp_path, actors=_actors(hosts), storage={"url": url},
+                              transport={"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S},
+                              supervisor={"address": f"tcp://{hosts.address['ctl']}:7390",
+                                          "restart_unresponsive": False},
+                              # the run stops by its steps, not the clock
+                              **{**SMALL, "campaign": {**SMALL["campaign"], "rl_steps": 3, "rl_seconds": 600}})
         env = {**os.environ, **aws, "T1_RUN_KEY": KEY,
                "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
         started = time.monotonic()

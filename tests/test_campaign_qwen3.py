@@ -16,20 +16,19 @@ import os
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 from _qwen3 import qwen3, qwen3_dir
-from test_campaign import _dump
+from fixtures.campaign import ROOT, write_config
 
 from schemas import SamplerTurn, TrajectoryAssembled
 from storage import EventLog
 
-ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "qwen3-micro.toml"
 MIN_MULTI_TURN = 20  # issue 20: the repair-case shares count only over at least this many
 
-pytestmark = pytest.mark.slow
+# its campaign launch may take 1800 s (a 151k-id head on 2 shared cores): pytest-timeout must not cut it at 900
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +38,7 @@ def qwen3_run(tmp_path_factory):
     data["campaign"]["tokenizer"] = str(qwen3_dir())  # checked: present, sha256-pinned (fails, never skips)
     data["sandbox"] = {"local": {"base_dir": str(tmp / "sandbox")}}
     data["verifier"] = {"base_dir": str(tmp / "verifier")}
-    config = tmp / "qwen3-micro.toml"
-    config.write_text(_dump(data))
+    config = write_config(tmp / "qwen3-micro.toml", data)
     run_dir = tmp / "run"
     launched = subprocess.run([sys.executable, "-m", "t1_actors.cli", "launch", "--config", str(config), "--quick",
                                "--run-dir", str(run_dir)], cwd=ROOT, env=dict(os.environ), capture_output=True,

@@ -10,14 +10,9 @@ import subprocess
 import sys
 
 import pytest
-from test_campaign import ROOT, _launch, _micro_config
+from fixtures.campaign import ROOT, SMALL, launch, micro_config
 
 from storage import EventLog
-
-# The quick campaign shrunk to what exercises every actor's use of the log: a short SFT, two PPO steps.
-SMALL = dict(campaign={"sft_steps": 30, "rl_steps": 2, "warmup_trials": 4, "eval_concurrency": 8},
-             eval={"temperatures": [1.0], "pass_k_tasks": 2, "pass_k_samples": 2},
-             staleness={"batch_size": 4})
 
 
 def _replay(*args: str) -> subprocess.CompletedProcess:
@@ -26,11 +21,14 @@ def _replay(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def s3_run(s3_endpoint, tmp_path_factory):
+def s3_run(s3_endpoint, tmp_path_factory, quick_campaign):
+    """SMALL, warm-started from the session's quick campaign ([campaign] warm_start_from: its tokenizer and
+    SFT policy, so no corpus pool or SFT of its own): what is under test is where each phase's facts go."""
     tmp = tmp_path_factory.mktemp("campaign-s3")
     url = f"s3://t1-tests/{tmp.name}/log"
     run_dir = tmp / "run"
-    process = _launch(_micro_config(tmp, storage={"url": url}, **SMALL), run_dir)
+    changes = {**SMALL, "campaign": {**SMALL["campaign"], "warm_start_from": str(quick_campaign.run_dir)}}
+    process = launch(micro_config(tmp, storage={"url": url}, **changes), run_dir)
     output, _ = process.communicate(timeout=900)
     return process.returncode, output, run_dir, url, tmp
 
@@ -78,7 +76,7 @@ def test_t1_replay_report_and_drift_read_the_log_by_its_url(s3_run):
 def test_a_missing_bucket_is_refused_before_anything_starts_naming_the_url(s3_endpoint, tmp_path):
     url = "s3://no-such-bucket/run/log"
     run_dir = tmp_path / "run"
-    process = _launch(_micro_config(tmp_path, storage={"url": url}), run_dir)
+    process = launch(micro_config(tmp_path, storage={"url": url}), run_dir)
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 2, output[-3000:]
     assert url in output and "does not exist" in output

@@ -1,7 +1,7 @@
 """The main job on a REAL SGLang server: `t1-actor launch --quick` with `[sampler] backend = "sglang"` and
 `sglang_server = "local"` (the campaign starts the server through the launcher, for version 0, and stops it).
 
-The tests' micro campaign (tests/test_campaign.py) with only the sampler's backend changed. What must hold on
+The tests' micro campaign (tests/fixtures/campaign.py) with only the sampler's backend changed. What must hold on
 the real engine: the campaign completes, every event kind is logged, the log's audit is clean, every turn was
 served by the run's one SGLang start (never a silent fallback to torch), the learner's published versions
 reached the server (turns at later versions), and `t1-replay drift` finds SGLang's logprobs and routing equal
@@ -18,13 +18,13 @@ import urllib.request
 from collections import Counter
 
 import pytest
-from test_campaign import ROOT, _launch, _micro_config
+from fixtures.campaign import ROOT, launch, micro_config
 
 from storage import EventLog
 from t1_actors.backends.sglang_server import check_venv, sglang_venv
 from tools._replay.audit import audit_log
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sglang_venv]
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,8 @@ def sglang_run(tmp_path_factory):
     run_dir = tmp / "run"
     # the server's context and the trials as before the long-horizon settings of the micro config
     campaign = {"max_turns": 3, "max_context": 768, "context_strategy": "end", "tool_output_chars": 240}
-    process = _launch(_micro_config(tmp, sampler={"backend": "sglang", "sglang_server": "local"}, campaign=campaign),
-                      run_dir)
+    process = launch(micro_config(tmp, sampler={"backend": "sglang", "sglang_server": "local"}, campaign=campaign),
+                     run_dir)
     output, _ = process.communicate(timeout=1200)
     assert process.returncode == 0, output[-4000:]
     return run_dir

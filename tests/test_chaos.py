@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from _chaos import run_chaos_cli
+from fixtures.campaign import micro_config
 
 from storage import EventLog
 from tools.chaos import NOT_TESTED, PHASES, ROLES, find_orphans, plan_faults
@@ -81,10 +82,8 @@ def test_the_watch_follows_each_role_to_its_restarted_process(tmp_path):
 
 @pytest.fixture(scope="module")
 def chaos_run(tmp_path_factory):
-    from test_campaign import _micro_config
-
     tmp = tmp_path_factory.mktemp("chaos")
-    config = _micro_config(tmp, eval={"temperatures": [0.25, 0.5, 0.7, 1.0]})  # a final eval long enough for its fault
+    config = micro_config(tmp, eval={"temperatures": [0.25, 0.5, 0.7, 1.0]})  # a final eval long enough for its fault
     run_dir = tmp / "run"
     code, report = run_chaos_cli("--config", str(config), "--quick", "--kills", "1", "--pauses", "1", "--seed", "9",
                                  "--run-dir", str(run_dir), "--only", "campaign", "--timeout-s", "1200", timeout=1500)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from _qwen3 import qwen3, qwen3_dir
 
 from t1_actors import tito
-from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy import MoEPolicy
 from t1_actors.policy.chat_tokenizer import BASH_TOOL
 from t1_actors.schedule import CampaignConfig
 from t1_actors.tasks import generate, oracle_trajectory
@@ -91,10 +91,9 @@ def test_a_follow_up_query_strips_past_reasoning_and_splits_the_sequence(tok, ta
     assert "Step 1 of" in tok.decode(examples[0][0])
 
 
-def test_sft_loss_on_masked_positions_equals_the_full_head_loss():
+def test_sft_loss_on_masked_positions_equals_the_full_head_loss(tiny_model):
     torch.manual_seed(0)
-    model = MoEPolicy(ModelConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                                  head_dim=8, num_experts=4, top_k=2, moe_intermediate_size=32))
+    model = MoEPolicy(tiny_model(vocab_size=97, num_experts=4, moe_intermediate_size=32))
     rng = np.random.default_rng(0)
     examples = [(rng.integers(1, 97, n), (rng.random(n) < 0.4).astype(np.float32)) for n in (9, 14, 5)]
     ids, mask, attention = pad_batch(examples, pad_id=0)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from fixtures.trials import play_in_world
 from hypothesis import given
 from hypothesis import strategies as st
-from test_trials import _run, world  # noqa: F401  (the module-scoped engines fixture)
 
 from schemas import EvalResult, TrialIssued, VerifierResult
 from t1_actors.eval.protocol import EvalConfig, best_temperature, evaluate_policy, pass_k_subset
@@ -63,7 +63,7 @@ def test_pass_k_subset_takes_the_skill_kinds_first():
     assert pass_k_subset(tasks, 3) == ["c1", "c2", "s1"]
 
 
-def test_the_protocol_runs_each_pass_once_with_labels_and_common_random_numbers(world):
+def test_the_protocol_runs_each_pass_once_with_labels_and_common_random_numbers(trial_world):
     config = EvalConfig(temperatures=[0.25, 1.0], pass_k_tasks=2, pass_k_samples=3)
 
     async def body(ports, runner, tasks):
@@ -77,7 +77,7 @@ def test_the_protocol_runs_each_pass_once_with_labels_and_common_random_numbers(
                                       done=done)
         return ports, best, again, before
 
-    ports, best, again, before = _run(world, body)
+    ports, best, again, before = play_in_world(trial_world, body)
     assert best == again and len(ports.events) == before  # a pass already done is never run again
     results = {e.label: e for e in ports.events if isinstance(e, EvalResult)}
     expected = {"sft_val_T0.25", "sft_val_T1", "before", "sft_passk"} | ({"sft_best"} if best != 1.0 else set())

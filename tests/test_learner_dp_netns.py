@@ -7,52 +7,21 @@ it fails): CI runs it."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from _learner_data import TINY, sample_trajectories, tiny_policy
+from _learner_data import tiny_policy
 from _netns import namespace_hosts
+from fixtures.campaign import TESTS
+from fixtures.dp_ranks import CFG, STEPS, train
 
-from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate, data_parallel_group, shard
-from t1_actors.train.ppo import PPOConfig
+from t1_actors.backends.torch_learner import TorchCritic
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(600)]
-
-CFG = PPOConfig(max_grad_norm=1e6)
-STEPS = 4
-TESTS = Path(__file__).resolve().parent
-PORT = 29517
-
-
-def _batches():
-    policy = tiny_policy()
-    return [collate(sample_trajectories(policy, 6, seed=11 + step), None, num_layers=TINY.num_layers,
-                    top_k=TINY.top_k) for step in range(STEPS)]
-
-
-def train(rank: int | None, world: int, out: str) -> None:
-    """STEPS learner steps on this rank's shards (``rank=None``: one process, whole batches); weights saved."""
-    torch.set_num_threads(1)
-    policy = tiny_policy()
-    learner = TorchLearner(policy, CFG, critic=TorchCritic.for_policy(policy, CFG))
-    for batch in _batches():
-        learner.step(batch if rank is None else shard(batch))
-    torch.save({"policy": {k: v.clone() for k, v in policy.state_dict().items()},
-                "critic": {k: v.clone() for k, v in learner.critic.model.state_dict().items()}}, out)
-
-
-def rank_main(rank: int, world: int, master: str, out: str) -> None:
-    """One rank on one host: the process group over tcp to rank 0's host, then ``train``."""
-    with data_parallel_group("gloo", init_method=f"tcp://{master}:{PORT}", rank=rank, world_size=world,
-                             timeout=datetime.timedelta(seconds=120)):
-        train(rank, world, out)
-
 
 def _max_abs(a: dict, b: dict) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
@@ -63,7 +32,7 @@ def test_two_learner_ranks_on_two_hosts_agree_bitwise_and_match_one_process(tmp_
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
         procs = []
         for rank, host in enumerate(("learner-a", "learner-b")):
-            code = (f"import test_learner_dp_netns as m; m.rank_main({rank}, 2, {hosts.address['learner-a']!r}, "
+            code = (f"from fixtures.dp_ranks import rank_main; rank_main({rank}, 2, {hosts.address['learner-a']!r}, "
                     f"{str(tmp_path / f'rank{rank}.pt')!r})")
             procs.append(subprocess.Popen(hosts.exec(host, [sys.executable, "-c", code]),
                                           env={**env, "GLOO_SOCKET_IFNAME": hosts.interface[host]},

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fixtures.models import tiny_model_config
 
 from t1_actors.policy import ModelConfig, MoEPolicy, from_pretrained
 
 torch.set_num_threads(1)
 
-SMALL = ModelConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                    num_experts=6, top_k=2, moe_intermediate_size=16, max_position=256)
+SMALL = tiny_model_config(vocab_size=97, num_experts=6, max_position=256)
 
 
 def _hf_model(norm_topk_prob: bool, tie: bool = False):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from fixtures.models import tiny_model_config
 
-from t1_actors.policy import ModelConfig, MoEPolicy, r3_gate, topk_gate
+from t1_actors.policy import MoEPolicy, r3_gate, topk_gate
 from t1_actors.policy.routing import routing_from_numpy, routing_to_numpy
 
 torch.set_num_threads(1)
 
-CONFIG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8,
-                     num_experts=8, top_k=2, moe_intermediate_size=16)
+CONFIG = tiny_model_config(vocab_size=64, num_layers=3)
 
 
 def _model() -> MoEPolicy:

@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from fixtures.models import tiny_model_config
 
 from schemas import routing_dtype
-from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy import MoEPolicy
 from t1_actors.policy.sampling import ContinuousBatcher, SamplingParams, generate, nucleus_mask
 
 torch.set_num_threads(1)
 
-CONFIG = ModelConfig(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                     num_experts=8, top_k=2, moe_intermediate_size=16)
+CONFIG = tiny_model_config()
 
 
 @pytest.fixture(scope="module")

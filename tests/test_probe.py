@@ -9,7 +9,7 @@ import pytest
 
 from t1_actors.job.config import parse_config
 from t1_actors.job.main import load_campaign_config
-from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy import MoEPolicy
 from t1_actors.policy.tokenizer import train_tokenizer
 from t1_actors.runtime.config import write_resolved
 from t1_actors.tasks import build_task_sets
@@ -21,7 +21,7 @@ CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.toml"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
+def run(tmp_path_factory, tiny_model) -> Path:
     """A run directory as t1-actor launch leaves it, with a tiny untrained policy as its version 0."""
     import torch
 
@@ -37,8 +37,7 @@ def run(tmp_path_factory) -> Path:
     write_resolved(config, run / "config.resolved.json")
     tokenizer = train_tokenizer(chat_corpus(build_task_sets(config.section(TasksConfig)).sft), 512)
     tokenizer.save(str(run / "tokenizer.json"))
-    policy = MoEPolicy(ModelConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=64, num_layers=2, num_heads=2,
-                                   num_kv_heads=1, head_dim=32, num_experts=4, top_k=2, moe_intermediate_size=64))
+    policy = MoEPolicy(tiny_model(wide=True, vocab_size=tokenizer.get_vocab_size()))
     policy.save(run / "weights" / "v00000")
     return run
 

@@ -120,9 +120,9 @@ def test_toml_file_errors(tmp_path):
 def test_roles_resolve_lazily_with_clear_errors():
     config = parse_config(cfg(actors=[{"name": "a", "role": "nosuchrole"},
                                       {"name": "b", "role": "echo", "actor_class": "no_such_module_xyz:Echo"},
-                                      {"name": "c", "role": "echo", "actor_class": "test_runtime_actors:EchoActor",
+                                      {"name": "c", "role": "echo", "actor_class": "plugin_actors:EchoActor",
                                        "options": {"x": 1}},
-                                      {"name": "d", "role": "wrong", "actor_class": "test_runtime_actors:EchoActor"}]))
+                                      {"name": "d", "role": "wrong", "actor_class": "plugin_actors:EchoActor"}]))
     with pytest.raises(ConfigError, match="unknown role 'nosuchrole'"):
         actor_class(config.actor("a"), ROLES)
     with pytest.raises(ConfigError, match="module no_such_module_xyz does not exist"):
@@ -136,7 +136,7 @@ def test_roles_resolve_lazily_with_clear_errors():
 def test_cli_reports_config_errors(tmp_path, capsys):
     path = tmp_path / "run.toml"
     path.write_text('[run]\nid = "x"\ndir = "/tmp/x"\n[[actors]]\nname = "a"\nrole = "echo"\n'
-                    'actor_class = "test_runtime_actors:EchoActor"\n[[actors]]\nname = "a"\nrole = "echo"\n')
+                    'actor_class = "plugin_actors:EchoActor"\n[[actors]]\nname = "a"\nrole = "echo"\n')
     assert cli.main(["check", "--config", str(path)]) == 2
     assert "duplicate actor name 'a'" in capsys.readouterr().err
     assert cli.main(["launch", "--config", str(path)]) == 2

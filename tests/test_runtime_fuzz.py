@@ -30,7 +30,7 @@ def start_actor(run_dir: Path, name: str = "echo-0") -> tuple[subprocess.Popen, 
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = run_dir / "run.toml"
     cfg.write_text(f'[run]\nid = "fuzz"\ndir = "{run_dir}"\nhmac_key = "{KEY}"\n'
-                   f'[[actors]]\nname = "{name}"\nrole = "echo"\nactor_class = "test_runtime_actors:EchoActor"\n')
+                   f'[[actors]]\nname = "{name}"\nrole = "echo"\nactor_class = "plugin_actors:EchoActor"\n')
     env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     proc = subprocess.Popen([sys.executable, "-m", "t1_actors.cli", "echo", "--config", str(cfg), "--name", name],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

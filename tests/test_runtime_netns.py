@@ -101,14 +101,14 @@ def test_actors_in_two_namespaces_talk_over_tcp(two_namespaces):
         role = "echo"
         host = "ns-a"
         address = "tcp://10.231.0.1:7400"
-        actor_class = "test_runtime_actors:EchoActor"
+        actor_class = "plugin_actors:EchoActor"
 
         [[actors]]
         name = "echo-b"
         role = "echo"
         host = "ns-b"
         address = "tcp://10.231.0.2:7400"
-        actor_class = "test_runtime_actors:EchoActor"
+        actor_class = "plugin_actors:EchoActor"
     """))
     env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     cmd = [sys.executable, "-m", "t1_actors.cli", "echo", "--config", str(config), "--name"]

@@ -46,7 +46,7 @@ def config_for(run_dir: Path, actors: list[dict], **supervisor) -> dict:
 
 
 def echo(name: str) -> dict:
-    return {"name": name, "role": "echo", "actor_class": "test_runtime_actors:EchoActor"}
+    return {"name": name, "role": "echo", "actor_class": "plugin_actors:EchoActor"}
 
 
 def alive(pid: int) -> bool:
@@ -105,8 +105,8 @@ async def test_restart_after_kill_and_clean_shutdown(run_dir):
 
 @trio_test
 async def test_crash_is_restarted_and_endless_crashes_are_given_up(run_dir):
-    actors = [{"name": "once", "role": "crasher", "actor_class": "test_runtime_actors:CrashingActor"},
-              {"name": "always", "role": "crasher", "actor_class": "test_runtime_actors:CrashingActor",
+    actors = [{"name": "once", "role": "crasher", "actor_class": "plugin_actors:CrashingActor"},
+              {"name": "always", "role": "crasher", "actor_class": "plugin_actors:CrashingActor",
                "options": {"always": True}}]
     config = parse_config(config_for(run_dir, actors, restart_limit=2))
     supervisor = Supervisor(config, env=ENV)
@@ -149,7 +149,7 @@ def _launch(run_dir: Path) -> tuple[subprocess.Popen, object]:
     toml.write_text(f'[run]\nid = "cli"\ndir = "{run_dir}"\n'
                     '[transport]\nheartbeat_interval_s = 0.2\nheartbeat_timeout_s = 5.0\n'
                     '[supervisor]\nshutdown_grace_s = 5.0\n'
-                    + "".join(f'[[actors]]\nname = "{n}"\nrole = "echo"\nactor_class = "test_runtime_actors:EchoActor"\n'
+                    + "".join(f'[[actors]]\nname = "{n}"\nrole = "echo"\nactor_class = "plugin_actors:EchoActor"\n'
                               for n in ("echo-0", "echo-1")))
     env = {k: v for k, v in ENV.items() if k != "T1_RUN_KEY"}  # the launcher makes a fresh run key
     proc = subprocess.Popen([sys.executable, "-m", "t1_actors.cli", "launch", "--config", str(toml)], env=env,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import trio
 from _trio import trio_test
-from test_runtime_actors import EchoActor, GracefulActor
+from plugin_actors import EchoActor, GracefulActor
 
 from schemas.messages import Cancel, GenerateReply, GenerateRequest, Generic, Ping, Pong, Shutdown
 from t1_actors.job.config import parse_config
@@ -30,7 +30,7 @@ def run_dir():
 
 
 def make_config(run_dir, *actors, **sections):
-    specs = [{"name": name, "role": role, "actor_class": f"test_runtime_actors:{cls.__name__}"}
+    specs = [{"name": name, "role": role, "actor_class": f"plugin_actors:{cls.__name__}"}
              for name, role, cls in actors]
     return parse_config({"run": {"id": "rt", "dir": str(run_dir), "hmac_key": KEY},
                          "transport": {"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.0},

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import trio
+from fixtures.models import NARROW, tiny_model_config
 
 pytest.importorskip("t1_actors.runtime.host")
 
@@ -15,7 +16,7 @@ from _trio import trio_test
 
 from schemas import Cancel, GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn
 from storage import stored_routing
-from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy import MoEPolicy
 from t1_actors.runtime.errors import RemoteError
 from t1_actors.runtime.host import serve_actor
 from t1_actors.runtime.peers import connect
@@ -23,9 +24,7 @@ from t1_actors.sampler import SamplerActor
 
 torch.set_num_threads(1)
 
-MODEL = dict(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-             num_experts=8, top_k=2, moe_intermediate_size=16)
-
+MODEL = NARROW  # the [model] section of the actor's run config: the tiny narrow shape
 
 
 def _config(actor_config):
@@ -41,7 +40,7 @@ def _request(trial: str, n: int, seed: int = 0) -> GenerateRequest:
 @trio_test
 async def test_generate_cancel_and_policy_update_over_the_runtime(tmp_path, actor_config):
     config = _config(actor_config)
-    new_policy = MoEPolicy(ModelConfig(**MODEL))
+    new_policy = MoEPolicy(tiny_model_config())
     new_policy.save(tmp_path / "v1")
     sha = hashlib.sha256((tmp_path / "v1" / "model.safetensors").read_bytes()).hexdigest()
     with trio.fail_after(120):

@@ -7,16 +7,16 @@ import pytest
 import torch
 import trio
 from _trio import trio_test
+from fixtures.models import tiny_model_config
 
 from t1_actors.backends.sampler_backend import GenerateSpec, SamplerBackend, SamplerConfig, open_sampler_backend
 from t1_actors.backends.torch_sampler import TorchSampler
-from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy import MoEPolicy
 from t1_actors.policy.sampling import SamplingParams, generate
 
 torch.set_num_threads(1)
 
-CONFIG = ModelConfig(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                     num_experts=8, top_k=2, moe_intermediate_size=16)
+CONFIG = tiny_model_config()
 
 
 def _policy(seed: int) -> MoEPolicy:

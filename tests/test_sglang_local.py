@@ -9,19 +9,19 @@ import functools
 import numpy as np
 import pytest
 import trio
+from fixtures.models import tiny_model_config
 
 from schemas import SamplerTurn
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.backends.sglang_server import SGLangServer, SGLangServerError, server_args
 from t1_actors.job.config import parse_config
 from t1_actors.job.local_sglang import sampler_engine, server_sizes, wants_local_server, with_sampler_url
-from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy import MoEPolicy
 from t1_actors.policy.generation import Generation
 from t1_actors.rollout import RolloutLimits, run_trial
 from t1_actors.schedule import CampaignConfig
 
-SMALL = ModelConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
-                    num_experts=4, top_k=2, moe_intermediate_size=8)
+SMALL = tiny_model_config(wide=True, vocab_size=64, hidden_size=16, num_layers=1, head_dim=8, moe_intermediate_size=8)
 
 
 def _config(tmp_path, **sampler):

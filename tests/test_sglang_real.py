@@ -25,24 +25,24 @@ import pytest
 import torch
 import trio
 from _trio import trio_test
+from fixtures.models import tiny_model_config
 
 from schemas import GenerateReply, GenerateRequest, PolicyUpdate, SamplerTurn, TrajectoryAssembled
 from t1_actors.backends.sampler_backend import BackendUnavailable, GenerateSpec, SamplerConfig
 from t1_actors.backends.sglang_sampler import SGLangError, SGLangSampler
 from t1_actors.backends.sglang_server import SETUP_HINT, SGLangServer, SGLangServerError, check_venv, sglang_venv
 from t1_actors.backends.torch_learner import TorchCritic, TorchLearner, collate
-from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy import MoEPolicy
 from t1_actors.policy.generation import Generation
 from t1_actors.policy.sampling import SamplingParams
 from t1_actors.rollout import RolloutLimits, ToolOutcome, run_trial
 from t1_actors.train.ppo import PPOConfig
 from tools._replay.drift import token_logprobs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sglang_venv]
 torch.set_num_threads(1)  # the other core is the server's
 
-MODEL = ModelConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                    num_experts=8, top_k=2, moe_intermediate_size=32, max_position=512)
+MODEL = tiny_model_config(vocab_size=256, hidden_size=64, head_dim=16, moe_intermediate_size=32, max_position=512)
 CONTEXT = 512
 MEASURED: dict[str, object] = {}  # figures docs/sglang.md quotes; printed at module end (pytest -s)
 

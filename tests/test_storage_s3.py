@@ -13,36 +13,19 @@ import sys
 import time
 
 import pytest
-from storage_helpers import EXPERTS, LAYERS, TINY_CHUNKS, K, mixed_event
+from fixtures.s3_appender import ROUTING, SHORT_LEASE
+from storage_helpers import TINY_CHUNKS, mixed_event
 
 from storage import EventLog, LogError, WriterBusy
 
-ROUTING = dict(routing_shape=(LAYERS, K), num_experts=EXPERTS)
-SHORT_LEASE = TINY_CHUNKS.model_copy(update={"lease_s": 1.0})
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def spawn_appender(url: str, seed: int) -> subprocess.Popen:
     """A fresh interpreter appending until killed (a forked child would inherit the parent's S3 client)."""
-    code = f"import test_storage_s3 as m; m.append_forever({url!r}, 'w', {seed})"
+    code = f"from fixtures.s3_appender import append_forever; append_forever({url!r}, 'w', {seed})"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
-
-
-def append_forever(url: str, writer_id: str, seed: int) -> None:
-    """Child: append deterministic events, committing every 1-3, until killed."""
-    rng = random.Random(seed)
-    log = EventLog.open(url, config=SHORT_LEASE)
-    while True:  # the previous child's lease may still be live: wait it out as a restarted actor would
-        try:
-            writer = log.writer(writer_id, **ROUTING)
-            break
-        except WriterBusy:
-            time.sleep(0.2)
-    while True:
-        for _ in range(rng.randint(1, 3)):
-            writer.append(mixed_event(writer.next_seq, writer_id))
-        writer.commit()
 
 
 def test_a_second_live_writer_is_refused_naming_the_holder(s3_url):

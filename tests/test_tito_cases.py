@@ -23,6 +23,7 @@ from _tito_harness import (
     traceable_routing,
     verbatim,
 )
+from fixtures.tito_checks import check_loss_region, loss_starts
 
 import schemas
 from t1_actors import tito
@@ -43,28 +44,6 @@ def assemble(trial, tok, reward=0.35):
     chunks = tito.assemble(trial.turns, tok, reward=reward)
     check_loss_region(chunks, trial.turns)
     return chunks
-
-
-def check_loss_region(chunks, turns):
-    """Independent of the chunks' own bookkeeping: the masked ids, in order, are the sampled ids; logprobs
-    likewise; nothing outside the mask carries a logprob; every turn is in exactly one chunk."""
-    assert [t for chunk in chunks for t in chunk.turns] == list(range(len(turns)))
-    for chunk in chunks:
-        mask = chunk.loss_mask.astype(bool)
-        sampled = np.concatenate([turns[t].sampled_ids for t in chunk.turns])
-        np.testing.assert_array_equal(chunk.token_ids[mask], sampled)
-        np.testing.assert_array_equal(chunk.sampler_logprobs[mask],
-                                      np.concatenate([turns[t].sampler_logprobs for t in chunk.turns]))
-        assert not chunk.sampler_logprobs[~mask].any() and not chunk.token_versions[~mask].any()
-        assert tito.loss_region_drift(chunk) == 0
-    assert tito.tito_metrics(chunks)["drift_tokens"] == 0
-
-
-def loss_starts(chunk, turns):
-    """Stream position of each turn's first sampled token, from the mask alone (None: it sampled nothing)."""
-    positions = np.flatnonzero(chunk.loss_mask)
-    lengths = [len(turns[t].sampled_ids) for t in chunk.turns]
-    return [int(positions[sum(lengths[:n])]) if lengths[n] else None for n in range(len(lengths))]
 
 
 def cases(chunks):

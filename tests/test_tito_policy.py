@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 from _tito_harness import decode, encode, project_tokenizer, verbatim
-from test_tito_cases import check_loss_region, loss_starts
+from fixtures.tito_checks import check_loss_region, loss_starts
 
 from t1_actors import tito
 from t1_actors.policy.chat_template import IM_END, render_chat
-from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.model import MoEPolicy
 from t1_actors.policy.sampling import SamplingParams, generate
 
@@ -22,11 +21,10 @@ def tok():
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(tiny_model):
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=1024, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
-                         num_experts=4, top_k=2, moe_intermediate_size=64)
+    config = tiny_model(wide=True, vocab_size=1024)
     return MoEPolicy(config).eval()
 
 

@@ -17,9 +17,9 @@ from _tito_harness import (
     tool_call_text,
     verbatim,
 )
+from fixtures.tito_checks import check_loss_region, loss_starts
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from test_tito_cases import check_loss_region, loss_starts
 
 from t1_actors import tito
 from t1_actors.policy.chat_template import IM_END, render_chat

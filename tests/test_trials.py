@@ -5,24 +5,19 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 import trio
+from fixtures.trials import play_in_world
 
 from schemas import EvalResult, StalenessDecision, TrajectoryAssembled, TrialEnded, TrialIssued, VerifierResult
-from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.backends.torch_sampler import TorchSampler
-from t1_actors.policy import ModelConfig, MoEPolicy
 from t1_actors.policy.sampling import SamplingParams
-from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
+from t1_actors.policy.tokenizer import special_token_ids
 from t1_actors.rollout import RolloutLimits
 from t1_actors.rollout.admission import StalenessConfig, admit, grouped, policy_lag, trials_to_launch
 from t1_actors.rollout.inprocess import InProcessPorts
 from t1_actors.rollout.trials import TrialRunner, eval_seed, play_all, run_batches, run_eval, run_warmup
 from t1_actors.stats import wilson_interval
-from t1_actors.tasks import generate
-from t1_actors.verify.engine import Verifier, VerifierConfig
-from t1_actors.warmstart.finetune import chat_corpus
 
 
 def test_admission_rules():
@@ -56,48 +51,18 @@ def test_a_group_baseline_without_groups_is_refused_before_anything_starts(tmp_p
         load_campaign_config(path)
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    base = tmp_path_factory.mktemp("trials")
-    tasks = generate("train", 24, seed=3)
-    tokenizer = train_tokenizer(chat_corpus(tasks), 512)
-    model = MoEPolicy(ModelConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
-                                  head_dim=32, num_experts=4, top_k=2, moe_intermediate_size=64))
-    sandbox = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(base / "sandbox")))
-    verifier = Verifier(VerifierConfig(base_dir=str(base / "verifier")))
-    yield tasks, tokenizer, model, sandbox, verifier
-    verifier.close()
-    sandbox.close()
-
-
-def _run(world, body, seed=1):
-    tasks, tokenizer, model, sandbox, verifier = world
-    stop = special_token_ids(tokenizer)["<|im_end|>"]
-    params = SamplingParams(max_new_tokens=24, temperature=1.0, stop_ids=(stop,), seed=seed)
-
-    async def main():
-        async with TorchSampler.open(model, config=SamplerConfig(max_batch=16)) as sampler:
-            ports = InProcessPorts(sampler, {t.id: t for t in tasks}, params, sandbox, verifier)
-            runner = TrialRunner(ports, ports.tasks, tokenizer, RolloutLimits(max_turns=2, max_new_tokens=24))
-            return await body(ports, runner, tasks)
-
-    return trio.run(main)
-
-
-def test_eval_scores_every_task_and_logs_the_facts(world):
+def test_eval_scores_every_task_and_logs_the_facts(trial_world):
     async def body(ports, runner, tasks):
         return ports, await run_eval(runner, [t.id for t in tasks[:6]], label="before", concurrency=4)
 
-    ports, result = _run(world, body)
+    ports, result = play_in_world(trial_world, body)
     assert isinstance(result, EvalResult) and result.n == 6 and 0 <= result.resolved <= 6
     assert result.ci_low <= result.resolved / 6 <= result.ci_high
     assert sum(isinstance(e, TrialIssued) for e in ports.events) == 6
     assert any(isinstance(e, EvalResult) for e in ports.events)
 
 
-def test_evals_draw_common_random_numbers_and_training_trials_do_not(world):
+def test_evals_draw_common_random_numbers_and_training_trials_do_not(trial_world):
     """Two evals of one policy sample the same tokens task by task (eval_seed), so a task that flips between
     a run's before and after evals flipped because of the update; training trials keep independent draws."""
     async def body(ports, runner, tasks):
@@ -108,24 +73,24 @@ def test_evals_draw_common_random_numbers_and_training_trials_do_not(world):
     def sampled(outcomes):
         return {o.task_id: [t.generation.output_ids.tolist() for t in o.rollout.turns] for o in outcomes}
 
-    first_eval, second_eval, first_train, second_train = (sampled(p) for p in _run(world, body, seed=None))
+    first_eval, second_eval, first_train, second_train = (sampled(p) for p in play_in_world(trial_world, body, seed=None))
     assert first_eval == second_eval
     assert first_train != second_train
     assert eval_seed("a", 0) == eval_seed("a", 0) != eval_seed("a", 1) != eval_seed("b", 1)
 
 
-def test_warmup_logs_trajectories_with_zero_drift(world):
+def test_warmup_logs_trajectories_with_zero_drift(trial_world):
     async def body(ports, runner, tasks):
         return ports, await run_warmup(runner, [t.id for t in tasks[:4]], concurrency=4)
 
-    ports, trial_ids = _run(world, body)
+    ports, trial_ids = play_in_world(trial_world, body)
     trajectories = [e for e in ports.events if isinstance(e, TrajectoryAssembled)]
     assert {t.trial_id for t in trajectories} == set(trial_ids) and trial_ids
     for t in trajectories:
         assert (t.loss_mask == 1).sum() > 0 and t.routing is not None
 
 
-def test_batches_admit_exactly_the_batch_and_record_the_cut_tail(world):
+def test_batches_admit_exactly_the_batch_and_record_the_cut_tail(trial_world):
     config = StalenessConfig(batch_size=3, oversample=1.0, max_staleness=1, on_cancel="continue")
 
     async def body(ports, runner, tasks):
@@ -145,7 +110,7 @@ def test_batches_admit_exactly_the_batch_and_record_the_cut_tail(world):
                           stats=stats)
         return ports, stats
 
-    ports, stats = _run(world, body)
+    ports, stats = play_in_world(trial_world, body)
     decisions = [e for e in ports.events if isinstance(e, StalenessDecision)]
     admitted = [d for d in decisions if d.decision == "admit"]
     assert stats.batches == 2 and len(admitted) == 6 == stats.admitted
@@ -190,11 +155,11 @@ class _SandboxLostBeforeContinuations(InProcessPorts):
         return event
 
 
-def test_a_continuation_whose_verification_fails_still_reaches_its_own_final_state(world):
+def test_a_continuation_whose_verification_fails_still_reaches_its_own_final_state(trial_world):
     from tools._replay.audit import audit_events
 
     config = StalenessConfig(batch_size=2, oversample=2.0, max_staleness=4, on_cancel="continue")
-    tasks, tokenizer, model, sandbox, verifier = world
+    tasks, tokenizer, model, sandbox, verifier = trial_world
     stop = special_token_ids(tokenizer)["<|im_end|>"]
     params = SamplingParams(max_new_tokens=24, temperature=1.0, stop_ids=(stop,), seed=2)
 

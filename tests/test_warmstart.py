@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from t1_actors.policy import ModelConfig, MoEPolicy
+from t1_actors.policy import MoEPolicy
 from t1_actors.policy.chat_template import render_chat
 from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
 from t1_actors.tasks import generate, oracle_trajectory
@@ -40,13 +40,12 @@ def test_mask_covers_exactly_the_assistant_turns():
     assert tokenizer.decode(ids.tolist(), skip_special_tokens=False) == render_chat(messages)
 
 
-def test_a_short_fit_lowers_the_loss_and_reports_what_it_saw():
+def test_a_short_fit_lowers_the_loss_and_reports_what_it_saw(tiny_model):
     torch.manual_seed(0)
     torch.set_num_threads(1)
     tasks = generate("train", 24, seed=2)
     tokenizer = _tokenizer(tasks)
-    model = MoEPolicy(ModelConfig(vocab_size=400, hidden_size=48, num_layers=2, num_heads=2, num_kv_heads=1,
-                                  head_dim=24, num_experts=4, top_k=2, moe_intermediate_size=48))
+    model = MoEPolicy(tiny_model(wide=True, vocab_size=400, hidden_size=48, head_dim=24, moe_intermediate_size=48))
 
     def execute(task):  # the outputs are incidental here; the sandbox path is tested by the campaign
         return ["" for _ in oracle_trajectory(task)]
@@ -65,9 +64,9 @@ def test_a_short_fit_lowers_the_loss_and_reports_what_it_saw():
     assert np.mean(report.losses[-2:]) < report.losses[0] - 0.5
 
 
-def test_an_empty_pool_is_a_clear_error():
-    model = MoEPolicy(ModelConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1,
-                                  head_dim=16, num_experts=2, top_k=1, moe_intermediate_size=16))
+def test_an_empty_pool_is_a_clear_error(tiny_model):
+    model = MoEPolicy(tiny_model(vocab_size=64, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1,
+                                 head_dim=16, num_experts=2, top_k=1))
     try:
         supervised_finetune(model, [], seconds=1, batch_size=2, lr=1e-3, pad_id=0)
     except RuntimeError as exc:
@@ -76,15 +75,14 @@ def test_an_empty_pool_is_a_clear_error():
         raise AssertionError("an empty pool must not train")
 
 
-def test_the_anchor_batch_is_one_fixed_batch_the_model_memorises():
+def test_the_anchor_batch_is_one_fixed_batch_the_model_memorises(tiny_model):
     torch.manual_seed(0)
     torch.set_num_threads(1)
     tasks = generate("train", 24, seed=4)
     tokenizer = _tokenizer(tasks)
     examples = [sft_example(oracle_messages(t.instruction, oracle_trajectory(t), ["" for _ in oracle_trajectory(t)],
                                             240), tokenizer) for t in tasks]
-    model = MoEPolicy(ModelConfig(vocab_size=400, hidden_size=48, num_layers=2, num_heads=2, num_kv_heads=1,
-                                  head_dim=24, num_experts=4, top_k=2, moe_intermediate_size=48))
+    model = MoEPolicy(tiny_model(wide=True, vocab_size=400, hidden_size=48, head_dim=24, moe_intermediate_size=48))
     pad = special_token_ids(tokenizer)["<|endoftext|>"]
     # anchor_every = 1: every step is the same 4-example batch, so its loss keeps falling step after step
     report = supervised_finetune(model, examples, seconds=6, batch_size=4, lr=3e-3, pad_id=pad, anchor_every=1)

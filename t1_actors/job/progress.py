@@ -1,6 +1,7 @@
 """What a campaign shows while it runs: progress bars on a terminal, a plain line every few percent
 otherwise (a run writing to a file), and the actor phase followed from the log until the RL policy's
-last eval pass."""
+last eval pass. Off a terminal every line is printed whole, on one line: a log file keeps each line's
+every figure (a PPO step's EV, an eval's CI) where one grep finds it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,17 @@ from t1_actors.job.sft import warm_start
 from t1_actors.runtime.supervisor import Supervisor
 
 
+def say(console, text: str) -> None:
+    """One progress line. On a terminal, ``console.log`` (the time beside it, wrapped to the window).
+    Anywhere else (a file, a pipe) the line whole, its time in front: never wrapped or cut at the console's
+    width (80 columns when rich cannot measure one), markup and highlighting off, so the text arrives as
+    written."""
+    if console.is_terminal:
+        console.log(text)
+    else:
+        console.print(f"[{time.strftime('%H:%M:%S')}] {text}", soft_wrap=True, markup=False, highlight=False)
+
+
 class _Milestones:
     """Plain progress lines for a console that is no terminal (a run writing to a file shows no bars):
     one line each time ``done / total`` passes another ``every`` (a tenth by default); none when total = 0."""
@@ -29,7 +41,7 @@ class _Milestones:
             return
         while done / self.total >= self.next:
             self.next += self.every
-        self.console.log(f"{self.what}: {done}/{self.total} ({done / self.total:.0%}) {info}".rstrip())
+        say(self.console, f"{self.what}: {done}/{self.total} ({done / self.total:.0%}) {info}".rstrip())
 
 
 def sft_with_progress(config, tasks, tokenizer, campaign, console):
@@ -82,7 +94,7 @@ async def run_actors(config, campaign: CampaignConfig, console, hosts: set[str] 
 
         with trio.fail_after(campaign.actor_ready_timeout_s * 3):
             await nursery.start(supervise)
-        console.log(f"actors up: {', '.join(sorted(supervisor.actors))}")
+        say(console, f"actors up: {', '.join(sorted(supervisor.actors))}")
         try:
             with Progress(TextColumn("[bold]4/5 {task.fields[phase]}"), BarColumn(),
                           TextColumn("{task.fields[info]}")) as bar:
@@ -114,14 +126,14 @@ async def _follow(log, bar, job, step_lines) -> None:
                         f"EV {m.get('explained_variance', float('nan')):.2f}")
                 step_lines(event.policy_version, info)
             elif isinstance(event, EvalResult):
-                bar.console.log(f"eval {event.label}: {event.resolved}/{event.n} resolved "
-                                f"({event.resolved / max(event.n, 1):.1%}, CI {event.ci_low:.1%}-{event.ci_high:.1%}), "
-                                f"mean reward {event.mean_reward:.3f}")
+                say(bar.console, f"eval {event.label}: {event.resolved}/{event.n} resolved "
+                                 f"({event.resolved / max(event.n, 1):.1%}, CI {event.ci_low:.1%}-{event.ci_high:.1%}), "
+                                 f"mean reward {event.mean_reward:.3f}")
                 if event.last and (event.label == "after" or event.label.startswith("rl_")):
                     return
                 phase = "warm-up + PPO"
             elif event.kind == "critic_warmup":
-                bar.console.log(f"critic warm-up: EV {event.explained_variance_before:.2f} -> "
-                                f"{event.explained_variance_after:.2f} on {event.trajectories} trajectories")
+                say(bar.console, f"critic warm-up: EV {event.explained_variance_before:.2f} -> "
+                                 f"{event.explained_variance_after:.2f} on {event.trajectories} trajectories")
         bar.update(job, phase=phase, info=f"{verified} trials verified, {admitted} admitted {info}")
         await trio.sleep(0.5)
