@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from fixtures.models import tiny_model_config
 
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.model import MoEPolicy
@@ -27,8 +28,7 @@ from t1_actors.train.passes import (
 )
 from t1_actors.train.segments import KVLayout
 
-SMALL = ModelConfig(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                    num_experts=4, top_k=2, moe_intermediate_size=32, max_position=8192)
+SMALL = tiny_model_config(vocab_size=96, num_experts=4, moe_intermediate_size=32, max_position=8192)
 
 
 def _batch(lengths: list[int], config: ModelConfig, seed: int = 0) -> TrajectoryBatch:
