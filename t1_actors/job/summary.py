@@ -12,6 +12,7 @@ from storage.config import StorageConfig
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.eval.skills import EvalPasses, scored, skill_report
 from t1_actors.job.local_sglang import sampler_engine
+from t1_actors.job.progress import say
 from t1_actors.job.sft import sft_passes_log
 from t1_actors.rollout.admission import StalenessConfig
 from t1_actors.rollout.endings import ENDING_KINDS, trial_endings
@@ -77,7 +78,7 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
     try:
         report = write_report(run_dir) if write_report is not None else {}
     except Exception as exc:  # plots must never cost the run its summary
-        console.log(f"[yellow]plots failed: {exc!r}")
+        say(console, f"plots failed: {exc!r}")
     ppo_cfg, staleness = config.section(PPOConfig), config.section(StalenessConfig)
     recipe = {"advantage_estimator": ppo_cfg.advantage_estimator, "group_size": staleness.group_size,
               "actor_params": list(ppo_cfg.actor_params), "reward": f"P / {ppo_cfg.reward_scale}"}
@@ -94,23 +95,23 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
     for key in ("finishes", "truncations", "context_edits"):  # nothing is cut or edited silently
         counted = "; ".join(f"{split} " + ", ".join(f"{reason} {n}" for reason, n in by_reason.items())
                             for split, by_reason in summary[key].items() if by_reason)
-        console.log(f"{key.replace('_', ' ')}: {counted or 'none'}")
+        say(console, f"{key.replace('_', ' ')}: {counted or 'none'}")
     before, after, change = summary["eval_before"], summary["eval_after"], summary["eval_change"]
     if before and after:
-        console.log(f"[bold]eval resolved: {before['resolved_rate']:.1%} -> {after['resolved_rate']:.1%} "
+        say(console, f"eval resolved: {before['resolved_rate']:.1%} -> {after['resolved_rate']:.1%} "
                     f"(n={after['n']}); mean reward {before['mean_reward']:.3f} -> {after['mean_reward']:.3f}")
     if change:
         low, high = change["reward_delta_ci95"]
-        console.log(f"paired over {change['tasks']} eval tasks: {change['gained']} newly resolved, {change['lost']} "
+        say(console, f"paired over {change['tasks']} eval tasks: {change['gained']} newly resolved, {change['lost']} "
                     f"lost (exact McNemar p = {change['mcnemar_p']:.3g}); reward change {change['reward_delta']:+.3f} "
                     f"(95 % CI {low:+.3f} .. {high:+.3f})")
     vs_best = summary.get("eval_change_vs_sft_best")
     if vs_best and summary.get("eval_sft_best") and summary.get("eval_rl_best"):
         s, r = summary["eval_sft_best"], summary["eval_rl_best"]
         low, high = vs_best["reward_delta_ci95"]
-        console.log(f"[bold]RL at its best T = {r['temperature']:g} vs SFT at its best T = {s['temperature']:g}: "
+        say(console, f"RL at its best T = {r['temperature']:g} vs SFT at its best T = {s['temperature']:g}: "
                     f"{s['resolved_rate']:.1%} -> {r['resolved_rate']:.1%}; {vs_best['gained']} gained, "
                     f"{vs_best['lost']} lost (exact McNemar p = {vs_best['mcnemar_p']:.3g}); reward change "
                     f"{vs_best['reward_delta']:+.3f} (95 % CI {low:+.3f} .. {high:+.3f})")
-    console.log(f"summary: {run_dir / 'summary.json'}")
+    say(console, f"summary: {run_dir / 'summary.json'}")
     return summary
