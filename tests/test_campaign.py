@@ -291,7 +291,9 @@ def test_t1_actor_eval_plays_a_run_policy_on_the_example_tasks(quick_campaign, t
     out = tmp_path / "eval"
     command = [sys.executable, "-m", "t1_actors.cli", "eval", "--tasks", str(examples), "--policy", f"run:{source}",
                "--attempts", "2", "--out", str(out), "--sandbox-dir", str(tmp_path / "sandbox"),
-               "--verifier-dir", str(tmp_path / "verifier"), "--json"]
+               "--verifier-dir", str(tmp_path / "verifier"), "--json",
+               # the shipped tasks' instructions need more than the micro campaign's long-horizon context
+               "--max-context", "768", "--max-turns", "3"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
