@@ -104,6 +104,7 @@ def test_t1_actor_eval_plays_a_served_policy_through_sglang(sglang_run, tmp_path
     through the campaign's agent loop on the shipped tasks; every turn SGLang's, its logprobs t1's policy's."""
     import numpy as np
 
+    from t1_actors import tito
     from t1_actors.backends.sglang_server import SGLangServer
     from t1_actors.layout import weights_dir
     from t1_actors.policy import MoEPolicy
@@ -125,7 +126,11 @@ def test_t1_actor_eval_plays_a_served_policy_through_sglang(sglang_run, tmp_path
     assert len(turns) >= 6 and {(t.engine, t.engine_start_id, t.policy_version) for t in turns} == {
         ("sglang", start_id, 0)}
     policy = MoEPolicy.load(weights_dir(sglang_run, 0)).eval()
+    by_trial: dict[str, list] = {}
     for turn in turns:
+        by_trial.setdefault(turn.trial_id, []).append(turn)
+    whole = [t for trial in by_trial.values() for t in tito.expand_turns(sorted(trial, key=lambda t: t.turn))]
+    for turn in whole:  # each turn as the sampler saw it (the log stores what is new since the previous turn)
         ids = np.concatenate([turn.prompt_ids, turn.sampled_ids])
         ours = token_logprobs(policy, ids, temperature=turn.temperature)[0][len(turn.prompt_ids):]
         assert np.abs(ours - turn.sampler_logprobs).max() < 1e-3, turn.trial_id
