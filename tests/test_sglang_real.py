@@ -187,6 +187,7 @@ def _actor_config(tmp_path, server):
     return parse_config({
         "run": {"id": "sglang-real", "dir": str(tmp_path / "run"), "hmac_key": "k" * 32},
         "model": MODEL.model_dump(),
+        "campaign": {"max_context": MODEL.max_position},  # t1-actor check refuses a context the model cannot hold
         "sampler": {"backend": "sglang", "sglang_url": server.url},
         "actors": [{"name": "sampler-0", "role": "sampler", "actor_class": "t1_actors.sampler:SamplerActor"}],
     })
