@@ -31,10 +31,13 @@ def _bench():
 
 @pytest.fixture(scope="module")
 def runs():
+    """Each size measured twice, in fresh processes, the smaller growth kept: on a busy machine one child's
+    peak was once inflated by ~600 MB of something other than the step (both sizes alike), which no bound
+    here is about."""
     bench = _bench()
-    return {name: bench.measure("learner", tokens, budget, model=MODEL)
-            for name, tokens, budget in (("one", BUDGET, BUDGET), ("four", 4 * BUDGET, BUDGET),
-                                         ("four_one_pass", 4 * BUDGET, None))}
+    sizes = (("one", BUDGET, BUDGET), ("four", 4 * BUDGET, BUDGET), ("four_one_pass", 4 * BUDGET, None))
+    return {name: min((bench.measure("learner", tokens, budget, model=MODEL) for _ in range(2)), key=_growth)
+            for name, tokens, budget in sizes}
 
 
 def _growth(run: dict) -> int:
