@@ -32,9 +32,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from log_append import FIELDS, TOKENS, du, make_trajectory, payload_bytes, raw_append, raw_replay
+from log_append import (
+    FIELDS,
+    TOKENS,
+    du,
+    log_append,
+    log_replay,
+    make_trajectory,
+    payload_bytes,
+    raw_append,
+    raw_replay,
+)
 
-from storage import EventLog, StorageConfig, as_stored
+from storage import StorageConfig
 from storage._routing import SetCodec
 
 LAYERS, TOP_K, EXPERTS = 48, 8, 256
@@ -50,27 +60,6 @@ def zipf_routing(rng, tokens, layers, k, experts, s: float = 1.0) -> np.ndarray:
     logp = np.stack([-s * np.log1p(rng.permutation(experts)) for _ in range(layers)]).astype(np.float32)
     scores = logp + rng.gumbel(size=(tokens, layers, experts)).astype(np.float32)
     return np.argpartition(-scores, k, axis=-1)[..., :k].astype(np.uint8)
-
-
-def log_append(events, directory: Path, config: StorageConfig, commit_every: int) -> float:
-    log = EventLog.open(directory, create=True, config=config)
-    writer = log.writer("bench", routing_shape=(LAYERS, TOP_K), num_experts=EXPERTS)
-    start = time.perf_counter()
-    for i, event in enumerate(events, 1):
-        writer.append(event)
-        if i % commit_every == 0:
-            writer.commit()
-    writer.close()
-    return time.perf_counter() - start
-
-
-def log_replay(events, directory: Path, config: StorageConfig) -> float:
-    start = time.perf_counter()
-    replayed = [event for _, event in EventLog.open(directory, config=config).events()]
-    elapsed = time.perf_counter() - start
-    expected = as_stored(events[-1]) if config.routing_encoding == "sets" else events[-1]
-    assert len(replayed) == len(events) and replayed[-1] == expected, "replay lost data"
-    return elapsed
 
 
 def routing_disk(directory: Path) -> int:
@@ -90,7 +79,7 @@ def side_by_side(events, base: Path, rounds: int, commit_every: int) -> dict:
             if sides[side] is None:
                 append[side].append(raw_append(events, d, commit_every, fsync=False))
             else:
-                append[side].append(log_append(events, d, sides[side], commit_every))
+                append[side].append(log_append(events, d, commit_every, sides[side]))
         for side in order[::-1]:
             d = base / f"{side}{r}"
             replay[side].append(raw_replay(events, d) if sides[side] is None else log_replay(events, d, sides[side]))
