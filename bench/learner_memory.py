@@ -2,7 +2,7 @@
 
     python bench/learner_memory.py [--sizes 4096 16384 32768] [--budget 4096] [--one-pass]
 
-Each (engine, size) runs in a fresh process (peak RSS only ever rises): a small model (configs/tiny.toml's
+Each (engine, size) runs in a fresh process, its peak RSS reset just before the step: a small model (configs/tiny.toml's
 [model] shape), one trajectory of ``size`` tokens (alternating 37-token sampled and tool regions, a random
 routing record for R3, sampler logprobs and old values near the model's scale), and
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -67,6 +66,7 @@ def child(kind: str, tokens: int, budget: int | None, model: dict | None = None)
     else:
         model = ValueModel(config)
         engine = TorchCritic(model, cfg, max_tokens_per_microbatch=budget)
+    _reset_peak_rss()
     rss_before = _rss_bytes()
     started = time.perf_counter()
     if kind == "learner":
@@ -78,7 +78,7 @@ def child(kind: str, tokens: int, budget: int | None, model: dict | None = None)
     micro = plan([tokens - 1], tokens - 1, budget)[0]
     earlier = micro.segments[-1][0]  # positions before the last segment: the K/V a segment may find cached
     return {"kind": kind, "tokens": tokens, "budget": budget, "segments": len(micro.segments),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_bytes": _peak_rss_bytes(),
             "rss_before_step_bytes": rss_before, "kv_only_bytes": layout.bytes_per_position() * earlier,
             "kv_allowed_bytes": 2 * layout.bytes_per_position() * earlier, "seconds": round(seconds, 2)}
 
@@ -86,6 +86,23 @@ def child(kind: str, tokens: int, budget: int | None, model: dict | None = None)
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak_rss() -> None:
+    """Start the peak (VmHWM) afresh at the current RSS, so that it measures the step alone. Without it the peak
+    is the process's, and a transient before the step counts: on a busy machine the libraries' file pages
+    touched at import were resident then and reclaimed since, and the step seemed to grow by ~600 MB."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_rss_bytes() -> int:
+    """VmHWM: the peak RSS since ``_reset_peak_rss``."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def measure(kind: str, tokens: int, budget: int | None, fixed_mmap_threshold: bool = True,

@@ -1,8 +1,9 @@
 """Learner memory is bounded by the micro-batch budget, not by the trajectory: peak RSS of a learner step in a
 fresh process at 4x the tokens grows by no more than the earlier segments' K/V and their gradients plus a slack.
 
-Each size runs in its own process (bench/learner_memory.py's child: peak RSS only ever rises), glibc's mmap
-threshold fixed so that RSS measures live memory rather than heap holes. The model is small but wide in
+Each size runs in its own process (bench/learner_memory.py's child), its peak RSS reset just before the step
+(so that a transient before it does not count) and glibc's mmap threshold fixed so that RSS measures live
+memory rather than heap holes. The model is small but wide in
 vocabulary and experts, so one pass over 4x the tokens would need far more than the slack (checked too).
 """
 
@@ -31,13 +32,9 @@ def _bench():
 
 @pytest.fixture(scope="module")
 def runs():
-    """Each size measured twice, in fresh processes, the smaller growth kept: on a busy machine one child's
-    peak was once inflated by ~600 MB of something other than the step (both sizes alike), which no bound
-    here is about."""
     bench = _bench()
     sizes = (("one", BUDGET, BUDGET), ("four", 4 * BUDGET, BUDGET), ("four_one_pass", 4 * BUDGET, None))
-    return {name: min((bench.measure("learner", tokens, budget, model=MODEL) for _ in range(2)), key=_growth)
-            for name, tokens, budget in sizes}
+    return {name: bench.measure("learner", tokens, budget, model=MODEL) for name, tokens, budget in sizes}
 
 
 def _growth(run: dict) -> int:

@@ -260,7 +260,7 @@ class LocalSandbox:
         result = run_in_root(self.root, ["/bin/sh", "-c", command], env=self.trial_root.env, workdir=workdir,
                              limits=self.limits(timeout_s), network=network, name=self.directory.name)
         if (result.exit_code != 0 and result.killed_by is None and self.backend.config.disk_mb
-                and disk.disk_full(self.directory / disk.MOUNTPOINT)):
+                and disk.disk_full(self.directory / disk.MOUNTPOINT, result.stderr)):
             result = dataclasses.replace(result, killed_by="disk")  # it failed with the trial's disk full
         return result
 

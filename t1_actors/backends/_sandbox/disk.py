@@ -19,6 +19,8 @@ from t1_actors.backends._sandbox.interface import SandboxInfraError
 
 IMAGE = "disk.img"
 MOUNTPOINT = "disk"
+ENOSPC_MESSAGE = "No space left on device"  # strerror(ENOSPC), as coreutils, shells and Python print it
+NEARLY_FULL_BYTES = 2 << 20
 
 
 def available() -> str | None:
@@ -51,9 +53,14 @@ def make_disk(directory: Path, size_mb: int) -> Path:
     return mountpoint
 
 
-def disk_full(mountpoint: Path) -> bool:
-    """The trial's disk has no free block left (what ended a command that failed on it)."""
+def disk_full(mountpoint: Path, stderr: str = "") -> bool:
+    """The trial's disk is what ended a command that failed on it: no free block left, or the command said
+    ENOSPC with the disk nearly full. ext4 refuses a write with a few blocks still free (its allocator's
+    preallocations and metadata reserve; a 16 MB disk has ended a write with ~1 MB free), so the message
+    with little room left counts too; the message alone does not (the command may have filled another disk)."""
     try:
-        return os.statvfs(mountpoint).f_bavail == 0
+        fs = os.statvfs(mountpoint)
     except OSError:
         return False
+    free, size = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+    return free == 0 or (ENOSPC_MESSAGE in stderr and free < max(NEARLY_FULL_BYTES, size // 20))
