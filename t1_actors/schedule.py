@@ -64,7 +64,8 @@ class CampaignConfig(BaseModel):
         "end", description="when the next prompt would not fit max_context: end the trial, replace tool outputs "
                            "older than keep_last_turns by a marker, or keep the instruction and the last turns that "
                            "fit (each edit logged, and a new TITO chunk of the trial)")
-    keep_last_turns: int = Field(2, ge=1, description="drop_old_outputs keeps the outputs of this many last turns")
+    keep_last_turns: int = Field(2, ge=0, description="drop_old_outputs keeps the outputs of this many last turns "
+                                                      "(0: the latest output too becomes the marker)")
     actor_ready_timeout_s: float = Field(120.0, gt=0)
     finish_timeout_s: float = Field(600.0, gt=0)  # after rl_seconds: last steps and the final eval
     warm_start_from: str | None = Field(None, description="a previous run's directory: reuse its tokenizer and "

@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-turns", type=int, default=None, help="model policies (default: the run's, else 4)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: the run's, else 64)")
     parser.add_argument("--max-context", type=int, default=None, help="tokens (default: the run's, else 768)")
+    parser.add_argument("--context-strategy", choices=["end", "drop_old_outputs", "window"], default=None,
+                        help="when the next prompt would not fit --max-context (default: the run's, else end)")
+    parser.add_argument("--keep-last-turns", type=int, default=None,
+                        help="drop_old_outputs keeps this many last turns' outputs (default: the run's, else 2)")
+    parser.add_argument("--tool-output-chars", type=int, default=None,
+                        help="a longer tool output is cut (default: the run's, else 240)")
     parser.add_argument("--attempts", type=int, default=1, help="attempts per task (pass@k for k <= this)")
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's)")
     parser.add_argument("--seed", type=int, default=0, help="0: the campaign's eval draws; another value, another stream")
@@ -117,7 +123,8 @@ def _header(args, tasks: list, source) -> dict[str, Any]:
     if source is not None:
         limits = source.campaign.rollout_limits()
         header["limits"] = {"max_turns": limits.max_turns, "max_new_tokens": limits.max_new_tokens,
-                            "max_context": limits.max_context}
+                            "max_context": limits.max_context, "tool_output_chars": limits.tool_output_chars,
+                            "context_strategy": limits.context_strategy, "keep_last_turns": limits.keep_last_turns}
     return header
 
 
@@ -126,6 +133,9 @@ def _check_resume(out: Path, header: dict[str, Any]) -> None:
     if not path.is_file():
         return
     previous = json.loads(path.read_text())
+    if isinstance(previous.get("limits"), dict) and isinstance(header.get("limits"), dict):
+        # an eval written before a limit was recorded resumes under that limit's current value
+        header = {**header, "limits": {k: v for k, v in header["limits"].items() if k in previous["limits"]}}
     for key in ("policy", "attempts", "temperature", "seed", "task_ids", "limits"):
         if key in previous and previous.get(key) != header.get(key):
             shown = "the task set" if key == "task_ids" else f"{key} = {previous.get(key)!r}"
@@ -227,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             source = model_source(args.policy, temperature=args.temperature, tokenizer=args.tokenizer,
                                   model_config=args.model_config,
                                   limits={"max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens,
-                                          "max_context": args.max_context})
+                                          "max_context": args.max_context, "context_strategy": args.context_strategy,
+                                          "keep_last_turns": args.keep_last_turns,
+                                          "tool_output_chars": args.tool_output_chars})
             args.temperature = source.temperature
         elif args.tokenizer or args.model_config:
             raise ConfigError(f"--tokenizer / --model-config: only for model policies, not --policy {args.policy}")

@@ -80,7 +80,7 @@ class ModelSource:
 
 
 def model_source(spec: str, *, temperature: float | None = None, tokenizer: str | None = None,
-                 model_config: str | None = None, limits: dict[str, int | None] | None = None) -> ModelSource:
+                 model_config: str | None = None, limits: dict[str, int | str | None] | None = None) -> ModelSource:
     """Read a ``run:``, ``hf:`` or ``sglang:`` policy's parts, or raise ``ConfigError`` naming the fix."""
     if tokenizer is not None and spec.startswith("run:"):
         raise ConfigError("--tokenizer: a run: policy plays with its run's own tokenizer; drop --tokenizer")
@@ -97,7 +97,8 @@ def model_source(spec: str, *, temperature: float | None = None, tokenizer: str 
         try:
             campaign = type(source.campaign).model_validate({**source.campaign.model_dump(), **wanted})
         except ValueError as exc:
-            raise ConfigError(f"--max-turns / --max-new-tokens / --max-context: {exc}") from None
+            raise ConfigError(f"--max-turns / --max-new-tokens / --max-context / --context-strategy / "
+                              f"--keep-last-turns / --tool-output-chars: {exc}") from None
         source = replace(source, campaign=campaign)
     return source
 
