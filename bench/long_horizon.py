@@ -58,7 +58,7 @@ from t1_actors.policy.config import ModelConfig  # noqa: E402
 from t1_actors.policy.generation import NO_PREFIX, Generation, TurnPrefix  # noqa: E402
 from t1_actors.policy.sampling import SamplingParams, generate  # noqa: E402
 from t1_actors.rollout import first_messages  # noqa: E402
-from t1_actors.rollout.prompt import IncrementalRender, IncrementalTokens  # noqa: E402
+from t1_actors.rollout.prompt import IncrementalPrompt  # noqa: E402
 from tools._replay.drift import token_logprobs  # noqa: E402
 
 LAYERS, TOP_K, EXPERTS = 48, 8, 256
@@ -84,33 +84,34 @@ def scripted_trial(turns: int, tokenizer, table: dict[int, np.ndarray], *, whole
     turns' records none, as the trial runner asks the sampler). ``whole``: records as before (a whole prompt and
     every routing row per turn, and the trajectory besides). Returns the trial's figures."""
     encode = tokenizer.encode
-    render = IncrementalRender(render_chat if tokenizer.chat_template is None else tokenizer.apply_chat_template)
-    tokens = IncrementalTokens(encode)
+    prompt_of = IncrementalPrompt(render_chat if tokenizer.chat_template is None else tokenizer.apply_chat_template,
+                                  encode)
     rng = np.random.default_rng(turns)
     messages = first_messages("Follow the chain of files from /data/start.txt to its end and fix what it names.")
     log = EventLog.open(log_dir, create=True, config=StorageConfig()) if log_dir is not None else None
     writer = log.writer("sampler-0", routing_shape=(LAYERS, TOP_K), num_experts=EXPERTS) if log else None
-    cpu, records, previous = [], [], None
+    cpu, records, previous, previous_prompt = [], [], None, np.zeros(0, np.int32)
     for turn in range(turns):
         version = turn // versions_every if versions_every else 0
         started = time.process_time()
         if full_tokenize:
             prompt = np.asarray(encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True)), np.int32)
         else:
-            prompt = tokens(render(messages, add_generation_prompt=True))
+            prompt = prompt_of(messages)
         call = {"name": "bash", "arguments": {"command": f"cat /data/step{turn}.txt"}}
         sampled = np.asarray(encode(render_tool_call(call) + IM_END), np.int32)
         fed = len(prompt) + len(sampled) - 1
         generation = Generation(len(prompt), sampled, np.full(len(sampled), -0.25, np.float32),
                                 table[version % 2][:fed], "stop", version)
-        prefix = NO_PREFIX if whole or previous is None else TurnPrefix.after(
-            previous.prompt_ids, previous.sampled_ids, previous.routing, previous.policy_version, prompt)
+        prefix = NO_PREFIX if whole or previous is None else TurnPrefix.after(  # the harness's own arrays, as
+            previous_prompt, previous.sampled_ids, previous.routing, previous.policy_version, prompt)  # in rollout
         event = generation.to_event("trial-0", turn, prompt, temperature=1.0, top_p=1.0, sampler_id="sampler-0",
                                     prefix=prefix, record_routing=whole or not trained)
         cpu.append(time.process_time() - started)
         if writer is not None:
             writer.append(event)
             writer.commit()
+        previous_prompt = prompt
         previous = tito.Turn(prompt.astype(np.int64), sampled.astype(np.int64), generation.logprobs,
                              generation.routing, version)
         records.append(previous)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from t1_actors.policy.chat_template import render_chat
 from t1_actors.rollout.context import drop_old_outputs, window
-from t1_actors.rollout.prompt import IncrementalRender, IncrementalTokens, common_prefix
+from t1_actors.rollout.prompt import IncrementalPrompt, IncrementalRender, IncrementalTokens, common_prefix
 
 
 def t1_bpe():
@@ -42,6 +42,7 @@ def random_chat(rng: random.Random, turns: int) -> list[dict]:
 def test_incremental_ids_equal_tokenizing_the_whole_prompt(seed, edits):
     encode, rng = t1_bpe(), random.Random(seed)
     tokens, rendered, messages = IncrementalTokens(encode), IncrementalRender(render_chat), random_chat(rng, 1)
+    prompt = IncrementalPrompt(render_chat, encode)  # the harness's: never joins or compares the whole chat
     for edit in edits:
         if edit == "append":
             messages = messages + random_chat(rng, 1)[2:]
@@ -54,6 +55,7 @@ def test_incremental_ids_equal_tokenizing_the_whole_prompt(seed, edits):
         text = render_chat(messages, add_generation_prompt=True)
         assert rendered(messages) == text  # message by message: only the new ones (and the last shared) anew
         np.testing.assert_array_equal(tokens(text), np.asarray(encode(text), np.int32))
+        np.testing.assert_array_equal(prompt(messages), np.asarray(encode(text), np.int32))
 
 
 def test_a_long_trial_tokenizes_each_character_about_once():
@@ -66,6 +68,18 @@ def test_a_long_trial_tokenizes_each_character_about_once():
         total += len(text)
     np.testing.assert_array_equal(ids, np.asarray(encode(text), np.int32))
     assert tokens.tokenized_chars < 1.3 * len(text) < total / 20  # from scratch: the sum of every prompt
+
+
+def test_the_harness_prompt_tokenizes_each_character_about_once_without_joining_the_chat():
+    encode = t1_bpe()
+    prompt, rng, messages = IncrementalPrompt(render_chat, encode), random.Random(4), random_chat(random.Random(4), 0)
+    for _ in range(60):
+        messages = messages + random_chat(rng, 1)[2:]
+        ids = prompt(messages)
+    text = render_chat(messages, add_generation_prompt=True)
+    np.testing.assert_array_equal(ids, np.asarray(encode(text), np.int32))
+    assert prompt.tokens.tokenized_chars < 1.3 * len(text)
+    assert prompt.rendered.text_from(0) == text and prompt.rendered.text_from(1000) == text[1000:]
 
 
 def test_qwen3_template_and_tokenizer_incrementally():

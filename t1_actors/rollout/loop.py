@@ -25,7 +25,7 @@ import numpy as np
 from t1_actors.policy.chat_template import parse_tool_calls, render_chat
 from t1_actors.policy.generation import Generation, RoutingRows
 from t1_actors.rollout.context import ContextEdit, Strategy, fit_context
-from t1_actors.rollout.prompt import IncrementalRender, IncrementalTokens
+from t1_actors.rollout.prompt import IncrementalPrompt
 
 Render = Callable[..., str]  # (messages, add_generation_prompt=...) -> text, e.g. ChatTokenizer.apply_chat_template
 
@@ -163,11 +163,7 @@ async def run_trial(
     if rollout.turns and rollout.messages[-1]["role"] == "assistant" and rollout.turns[-1].commands:
         if not await _run_commands(rollout, rollout.turns[-1].commands, len(rollout.turns) - 1, execute, limits):
             return rollout
-    tokens = IncrementalTokens(encode)  # renders and tokenizes what each turn adds: linear in the trial
-    rendered = IncrementalRender(render)
-
-    def prompt_of(messages: list[dict[str, Any]]) -> np.ndarray:
-        return tokens(rendered(messages, add_generation_prompt=True))
+    prompt_of = IncrementalPrompt(render, encode)  # renders and tokenizes what each turn adds: linear in the trial
 
     for turn in range(len(rollout.turns), limits.max_turns):
         if limits.max_total_new_tokens is not None and rollout.tokens >= limits.max_total_new_tokens:

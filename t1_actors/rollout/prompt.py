@@ -55,14 +55,22 @@ class IncrementalTokens:
         if self.boundary_id is None:  # no single-token boundary: every prompt from scratch
             self.tokenized_chars += len(text)
             return np.asarray(self.encode(text), dtype=np.int32)
-        shared = common_prefix(text, self._text)
+        ids = self.after_shared(common_prefix(text, self._text), lambda start: text[start:], len(text))
+        self._text = text
+        return ids
+
+    def after_shared(self, shared: int, text_from: Callable[[int], str], length: int) -> np.ndarray:
+        """The ids of a text of ``length`` characters whose first ``shared`` equal the previous call's text
+        (``text_from(c)``: the new text from character ``c`` on); only the text after the last boundary the two
+        share is tokenized. A caller that knows ``shared`` (``IncrementalPrompt``) never builds the whole text."""
         k = bisect.bisect_right(self._cut_chars, shared)  # boundaries that start inside the shared text
         char, token = (self._cut_chars[k - 1], self._cut_tokens[k - 1]) if k else (0, 0)
-        tail = np.asarray(self.encode(text[char:]), dtype=np.int32)
-        self.tokenized_chars += len(text) - char
-        chars, start = [], char
-        while (found := text.find(self.boundary, start)) >= 0:
-            chars.append(found)
+        tail_text = text_from(char)
+        tail = np.asarray(self.encode(tail_text), dtype=np.int32)
+        self.tokenized_chars += length - char
+        chars, start = [], 0
+        while (found := tail_text.find(self.boundary, start)) >= 0:
+            chars.append(char + found)
             start = found + len(self.boundary)
         tokens = (token + np.flatnonzero(tail == self.boundary_id)).tolist()
         ids = self._extend(token, tail)
@@ -71,7 +79,7 @@ class IncrementalTokens:
             self._cut_chars, self._cut_tokens = self._cut_chars[:kept] + chars, self._cut_tokens[:kept] + tokens
         else:  # the boundary's text did not become its id somewhere: no cut is trusted, the next call starts at 0
             self._cut_chars, self._cut_tokens = [], []
-        self._text, self._ids = text, ids
+        self._ids = ids
         return ids
 
     def _extend(self, token: int, tail: np.ndarray) -> np.ndarray:
@@ -101,16 +109,56 @@ class IncrementalRender:
         self.incremental = render is render_chat
         self._messages: list[dict[str, Any]] = []
         self._parts: list[str] = []
+        self._starts: list[int] = [0]  # where each part starts in the rendered chat; the last: its end
 
     def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         if not self.incremental:
             return self.render(messages, add_generation_prompt=add_generation_prompt)
+        self.update(messages)
+        return "".join(self._parts) + (GENERATION_PROMPT if add_generation_prompt else "")
+
+    def update(self, messages: list[dict[str, Any]]) -> int:
+        """Render what ``messages`` add to the previous chat (t1's template only); returns how many characters
+        of the rendering are unchanged."""
         shared = 0
         for old, new in zip(self._messages, messages):
             if old is not new:
                 break
             shared += 1
         start = max(shared - 1, 0)
-        self._parts = self._parts[:start] + [render_message(messages, i) for i in range(start, len(messages))]
+        was = self._parts[start] if shared else ""  # the last shared message, as rendered before
+        del self._parts[start:], self._starts[start + 1:]
+        for i in range(start, len(messages)):
+            self._parts.append(render_message(messages, i))
+            self._starts.append(self._starts[-1] + len(self._parts[-1]))
         self._messages = list(messages)
-        return "".join(self._parts) + (GENERATION_PROMPT if add_generation_prompt else "")
+        return self._starts[start] + (common_prefix(was, self._parts[start]) if start < len(self._parts) else 0)
+
+    def text_from(self, char: int, add_generation_prompt: bool = True) -> str:
+        """The rendering from character ``char`` (<= ``length``) on, joined from the parts it spans only."""
+        i = bisect.bisect_right(self._starts, char) - 1
+        head = self._parts[i][char - self._starts[i]:] if i < len(self._parts) else ""
+        return head + "".join(self._parts[i + 1:]) + (GENERATION_PROMPT if add_generation_prompt else "")
+
+    @property
+    def length(self) -> int:
+        return self._starts[-1]
+
+
+class IncrementalPrompt:
+    """A trial's prompt ids for its chat so far: ``prompt(messages)`` equals ``encode(render(messages,
+    add_generation_prompt=True))``. With t1's own template, each call renders the new messages and tokenizes
+    from the last turn boundary before them, without joining or comparing the whole chat: the harness's
+    cost per turn follows the turn's new text. Any other template renders the whole chat and tokenizes
+    from the last boundary it shares with the previous prompt (``IncrementalTokens``)."""
+
+    def __init__(self, render: Callable[..., str], encode: Callable[[str], list[int]]):
+        self.rendered = IncrementalRender(render)
+        self.tokens = IncrementalTokens(encode)
+
+    def __call__(self, messages: list[dict[str, Any]]) -> np.ndarray:
+        if not self.rendered.incremental or self.tokens.boundary_id is None:
+            return self.tokens(self.rendered(messages, add_generation_prompt=True))
+        shared = self.rendered.update(messages)
+        return self.tokens.after_shared(shared, self.rendered.text_from,
+                                        self.rendered.length + len(GENERATION_PROMPT))
