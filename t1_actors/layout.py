@@ -67,6 +67,12 @@ def weights_dir(run_dir: str | Path, version: int) -> Path:
     return Path(run_dir) / "weights" / version_dirname(version)
 
 
+def published_versions(run_dir: str | Path) -> list[int]:
+    """The versions under ``RUN/weights``, ascending (a version appears there only once complete: the
+    learner writes it under a temporary name and renames it)."""
+    return sorted(int(p.name[1:]) for p in (Path(run_dir) / "weights").glob("v[0-9]*") if p.is_dir())
+
+
 def run_dir_of_weights(location: str | Path) -> Path | None:
     """The run directory a published version's location (``RUN/weights/vNNNNN[/file]``) is in, when it is
     on this machine; None otherwise (a log read by URL elsewhere, weights published off the run dir)."""

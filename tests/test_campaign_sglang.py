@@ -134,3 +134,71 @@ def test_t1_actor_eval_plays_a_served_policy_through_sglang(sglang_run, tmp_path
         ids = np.concatenate([turn.prompt_ids, turn.sampled_ids])
         ours = token_logprobs(policy, ids, temperature=turn.temperature)[0][len(turn.prompt_ids):]
         assert np.abs(ours - turn.sampler_logprobs).max() < 1e-3, turn.trial_id
+
+
+def test_a_dead_server_is_restarted_and_an_eval_that_lost_it_resumes(sglang_run, tmp_path):
+    """A local server under ``ServerWatch`` (what a campaign's ``sglang_server = "local"`` runs) killed while
+    `t1-actor eval` plays against it: the eval ends with one line naming the URL and the resume command, keeping
+    its finished attempts; the server comes back on the same URL as a new start; the resume command finishes the
+    eval (the new start's turns named by its start id); past ``sglang_restart_limit`` the watch gives up."""
+    import shlex
+    import time
+
+    from t1_actors.backends.sglang_server import SGLangServer
+    from t1_actors.job.local_sglang import ServerWatch
+    from t1_actors.layout import weights_dir
+
+    def start(version: int, port: int | None) -> SGLangServer:
+        return SGLangServer.start(weights_dir(sglang_run, version), context_length=768, max_concurrent=4, port=port,
+                                  weight_version=version, log_path=tmp_path / "server.log")
+
+    def wait_for(what, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while not (found := what()):
+            assert time.monotonic() < deadline, f"not within {timeout_s} s"
+            time.sleep(0.5)
+        return found
+
+    journal = tmp_path / "restarts.jsonl"
+    out = tmp_path / "eval"
+
+    def events() -> list[dict]:
+        return [json.loads(line) for line in journal.read_text().splitlines()] if journal.exists() else []
+
+    with ServerWatch(start(0, None), start, latest=lambda: 0, journal=journal, limit=1, backoff_s=0.5) as watch:
+        first = watch.server
+        eval_args = ["--tasks", str(ROOT / "t1_actors/tasks/examples"), "--policy", f"sglang:{first.url}",
+                     "--tokenizer", str(sglang_run), "--max-turns", "8", "--concurrency", "1", "--out", str(out),
+                     "--sandbox-dir", str(tmp_path / "sandbox"), "--verifier-dir", str(tmp_path / "verifier")]
+        process = subprocess.Popen([sys.executable, "-m", "t1_actors.cli", "eval", *eval_args], cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        def an_attempt_ended() -> bool:
+            try:  # the eval's log is being written: a read may find a segment mid-write
+                return bool(EventLog.open(out / "log").counts().get("trial_ended", 0))
+            except Exception:
+                return False
+
+        wait_for(an_attempt_ended, 300)
+        first.kill()
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 3, stderr[-3000:]
+        line = stderr.strip().splitlines()[-1]
+        assert line.startswith("t1-actor eval: the policy's server stopped serving") and first.url in line, line
+        resume = shlex.split(line.split("resume with: ", 1)[1])
+        assert resume[:2] == ["t1-actor", "eval"] and resume[resume.index("--out") + 1] == str(out)
+
+        restarted = wait_for(lambda: [e for e in events() if e["event"] == "restarted"], 400)[0]
+        assert [e["event"] for e in events()] == ["died", "restarted"] and restarted["version"] == 0
+        second = watch.server
+        assert second.url == first.url and second.engine.start_id != first.engine.start_id
+        done = subprocess.run([sys.executable, "-m", "t1_actors.cli", *resume[1:], "--json"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        summary = json.loads(done.stdout.strip().splitlines()[-1])
+        assert summary["n"] == 6 and summary["infra_failures"] == 0
+        starts = {t.engine_start_id for _, t in EventLog.open(out / "log").events(kinds=["sampler_turn"])}
+        assert second.engine.start_id in starts
+
+        second.kill()  # the limit (1) is reached: no second restart
+        wait_for(lambda: [e for e in events() if e["event"] == "gave_up"], 60)
+        assert not second.alive() and watch.restarts == 1

@@ -100,6 +100,10 @@ class SamplerConfig(BaseModel):
     sglang_venv: str | None = Field(None, description="the SGLang venv of a local server (None: $T1_SGLANG_VENV, "
                                                       "else .venv-sglang at the repository root; .ci/setup-sglang)")
     sglang_start_timeout_s: float = Field(300.0, gt=0)
+    sglang_restart_limit: int = Field(3, ge=0, description="a local server that dies is restarted (with the run's "
+                                                           "latest published weights) at most this many times")
+    sglang_restart_backoff_s: float = Field(2.0, ge=0, description="wait before a local server's restart, doubled "
+                                                                   "per restart")
     request_timeout_s: float = Field(600.0, gt=0)
     weight_update_timeout_s: float = Field(600.0, gt=0)
 

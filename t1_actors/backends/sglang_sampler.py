@@ -57,6 +57,7 @@ class SGLangSampler:
         self._client = client
         self._cancelled: set[str] = set()
         self._in_flight: set[str] = set()
+        self._server_lost = False  # a request failed in transport: ask who serves before the next one
 
     @classmethod
     @asynccontextmanager
@@ -139,11 +140,15 @@ class SGLangSampler:
                 "routed_experts_start_len": 0}
 
     async def _generate_one(self, spec: GenerateSpec) -> Generation:
+        if self._server_lost:  # a supervised server comes back on the same URL: its turns name the new start
+            self.engine = await _engine(self._client, self.config.sglang_url)
+            self._server_lost = False
         version = self.version
         self._in_flight.add(spec.request_id)
         try:
             response = await self._client.post("/generate", json=self.request_body(spec))
         except httpx.TransportError as exc:  # refused, reset, timed out: the server is not serving
+            self._server_lost = True
             raise BackendUnavailable(f"SGLang server at {self.config.sglang_url} (start {self.engine.start_id}) "
                                      f"failed during /generate for {spec.request_id!r}: {exc!r}") from exc
         except httpx.HTTPError as exc:

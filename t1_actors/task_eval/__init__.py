@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import json
 import secrets
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ import trio
 
 from storage import EventLog
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
+from t1_actors.backends.sampler_backend import BackendUnavailable
 from t1_actors.policy.sampling import SamplingParams
 from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
 from t1_actors.rollout.trials import TrialRunner
@@ -216,6 +218,26 @@ def _compare(args, show) -> int:
     return 0
 
 
+def _server_lost(exc: BaseException) -> BackendUnavailable | None:
+    """The ``BackendUnavailable`` that ended the eval (alone or inside trio's exception groups), else None."""
+    if isinstance(exc, BackendUnavailable):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        if (found := _server_lost(inner)) is not None:
+            return found
+    return None
+
+
+def _resume_command(argv: list[str] | None, out: Path) -> str:
+    """This eval's command line with its ``--out`` named: run again, it skips the finished attempts."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "eval":
+        args = args[1:]
+    if "--out" not in args:
+        args += ["--out", str(out)]
+    return "t1-actor eval " + shlex.join(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     stream = sys.stderr if args.json else sys.stdout  # the human-readable lines; stdout's last line is the JSON
@@ -249,7 +271,16 @@ def main(argv: list[str] | None = None) -> int:
         _check_resume(out, header)
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval-config.json").write_text(json.dumps(header, indent=2))
-        summary = trio.run(_run, args, tasks, out, header, show, stream, source)
+        try:
+            summary = trio.run(_run, args, tasks, out, header, show, stream, source)
+        except BaseException as exc:
+            if (lost := _server_lost(exc)) is None:
+                raise
+            done = len(attempt_rows(EventLog.open(out / "log")))
+            print(f"t1-actor eval: the policy's server stopped serving ({lost}); {done} of "
+                  f"{len(tasks) * args.attempts} attempts finished and are kept in {out}; once it serves again, "
+                  f"resume with: {_resume_command(argv, out)}", file=sys.stderr)
+            return 3
     except ConfigError as exc:
         print(f"t1-actor eval: {exc}", file=sys.stderr)
         return 2

@@ -30,7 +30,7 @@ from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.backends.sglang_sampler import SGLangSampler
 from t1_actors.backends.torch_sampler import TorchSampler
 from t1_actors.job.config import load_config
-from t1_actors.layout import tokenizer_path, weights_dir
+from t1_actors.layout import published_versions, tokenizer_path, weights_dir
 from t1_actors.policy import MoEPolicy
 from t1_actors.policy._hf import config_from_hf, from_pretrained
 from t1_actors.policy.config import ModelConfig
@@ -109,7 +109,7 @@ def _run_source(spec: str, temperature: float | None) -> ModelSource:
     config_path = run_dir / "config.resolved.json"
     if not config_path.is_file():
         raise ConfigError(f"--policy {spec}: {config_path} not found; name a run directory t1-actor launch wrote")
-    versions = sorted(int(p.name[1:]) for p in (run_dir / "weights").glob("v[0-9]*") if p.is_dir())
+    versions = published_versions(run_dir)
     if not versions:
         raise ConfigError(f"--policy {spec}: no weights under {run_dir / 'weights'}")
     try:
