@@ -210,8 +210,10 @@ class _ForkServer:
     """Client of one verify_server process; thread-safe, requests run concurrently inside the server."""
 
     def __init__(self):
-        project = str(Path(__file__).resolve().parent.parent)
-        code = (f"import sys; sys.path.append({project!r}); "
+        project = str(Path(__file__).resolve().parents[2])  # the checkout holding t1_actors
+        # first on the path: the server runs this checkout's code, not an installed copy's (an editable
+        # install of another checkout would otherwise win)
+        code = (f"import sys; sys.path.insert(0, {project!r}); "
                 f"from t1_actors.backends._sandbox.verify_server import main; main({project!r})")
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         self.proc = subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.PIPE,
