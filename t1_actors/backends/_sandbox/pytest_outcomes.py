@@ -22,6 +22,9 @@ patch pytest's reporting. The recorder cannot stop that, but it makes the known 
   outcome, xfail) is kept as logged: a report whose fields differ at ``seal`` is
   ``report_rewritten:<nodeid>``. Outcomes are read from the report's ``__dict__``, not its properties.
 
+* **The stream.** The recorder numbers its lines 0, 1, 2, ... (``n``); a line out of that sequence (written
+  to the inherited fd by other code, or a line of the recorder's lost) is ``outcome_stream_forged``.
+
 Each finding is a ``{"tampered": kind}`` line (once per kind); ``parse_outcomes`` returns them, and the
 verifier flags the trial and scores it 0 (``FORGERY_KINDS``). ``seal`` ends the stream with
 ``{"sealed": true}``; a stream without it ended before the final check (a timeout, a crash, an
@@ -40,7 +43,9 @@ from typing import Any
 WATCHED_MODULES = ("_pytest.reports", "_pytest.runner", "_pytest.terminal", "_pytest.skipping", "_pytest.main",
                    "_pytest.python", "_pytest.outcomes", "pluggy._callers", "pluggy._hooks", "pluggy._manager",
                    "pluggy._result", __name__)
-FORGERY_KINDS = ("pytest_altered", "hook_added", "hook_removed", "report_rewritten", "report_class")
+FORGERY_KINDS = ("pytest_altered", "hook_added", "hook_removed", "report_rewritten", "report_class",
+                 "outcome_stream_forged")
+_NUMBERED = ("collected", "test", "tampered", "sealed")  # the recorder's records, numbered 0, 1, 2, ... in ``n``
 
 
 def is_forgery(flag: str) -> bool:
@@ -100,9 +105,11 @@ class OutcomeReporter:
         self._logged: list[tuple[Any, tuple]] = []
         self._said: set[str] = set()
         self._hooks_checked = False
+        self._n = 0
 
     def _emit(self, **record) -> None:
-        data = (json.dumps(record) + "\n").encode()
+        data = (json.dumps({**record, "n": self._n}) + "\n").encode()
+        self._n += 1
         while data:
             data = data[os.write(self.fd, data):]
 
@@ -203,6 +210,7 @@ def parse_outcomes(text: str) -> tuple[dict[str, str], list[str], str | None, li
     collected: list[str] = []
     infra_error = None
     tampered: list[str] = []
+    numbered = 0
     for line in text.splitlines():
         try:
             record = json.loads(line)
@@ -210,6 +218,10 @@ def parse_outcomes(text: str) -> tuple[dict[str, str], list[str], str | None, li
             continue
         if not isinstance(record, dict):
             continue
+        if any(key in record for key in _NUMBERED):
+            if record.get("n") != numbered and "outcome_stream_forged" not in tampered:
+                tampered.append("outcome_stream_forged")  # a line the recorder did not write, or one dropped
+            numbered += 1
         if "collected" in record:
             collected = [str(c) for c in record["collected"]]
         elif "test" in record and "outcome" in record:
