@@ -50,6 +50,72 @@ def answer():
     return 42
 """
 
+_PATCH_AND_RESTORE = """\
+import _pytest.reports as _reports
+
+_original = _reports.TestReport.__dict__["from_item_and_call"]
+_made = _original.__func__
+
+
+def _forged(cls, item, call):
+    report = _made(cls, item, call)
+    report.outcome, report.longrepr = "passed", None
+    _reports.TestReport.from_item_and_call = _original  # put back before the recorder's next check
+    return report
+
+
+def answer():
+    _reports.TestReport.from_item_and_call = classmethod(_forged)  # for this test's own report only
+    return 0
+"""
+
+EVERY_OUTCOME = """\
+import unittest
+import pytest
+
+@pytest.mark.xfail(reason="x")
+def test_xfailed():
+    assert False
+
+@pytest.mark.xfail(reason="x")
+def test_xpassed():
+    pass
+
+@pytest.mark.xfail(reason="x", strict=True)
+def test_xpassed_strict():
+    pass
+
+def test_skipped_inside():
+    pytest.skip("no")
+
+@pytest.fixture
+def broken_teardown():
+    yield
+    raise RuntimeError("teardown")
+
+def test_teardown_error(broken_teardown):
+    pass
+
+@pytest.mark.parametrize("x", [1, 2])
+def test_param(x):
+    assert x == 1
+
+class TestCase(unittest.TestCase):
+    def test_ok(self):
+        pass
+
+    def test_fails(self):
+        self.fail("no")
+
+    @unittest.skip("no")
+    def test_skip(self):
+        pass
+
+    @unittest.expectedFailure
+    def test_expected_failure(self):
+        self.fail("no")
+"""
+
 _RUN = """\
 import os, sys
 import pytest
@@ -68,11 +134,13 @@ sys.__stdout__.write("T1-OUTCOMES\\n" + b"".join(chunks).decode())
 """
 
 
-def record(tmp_path: Path, solution: str | None, conftest: str | None = None):
+def record(tmp_path: Path, solution: str | None, conftest: str | None = None, more: str | None = None):
     tests, app = tmp_path / "tests", tmp_path / "app"
     tests.mkdir()
     app.mkdir()
     (tests / "test_outputs.py").write_text(TESTS.format(app=str(app)))
+    if more is not None:
+        (tests / "test_more.py").write_text(more)
     if conftest is not None:
         (tests / "conftest.py").write_text(conftest)
     if solution is not None:
@@ -95,6 +163,16 @@ def test_an_honest_run_has_no_findings_and_is_sealed(tmp_path):
     assert tampered == [] and '"sealed": true' in text
 
 
+def test_every_outcome_pytest_itself_gives_is_no_finding(tmp_path):
+    (tests, _, _, tampered), _ = record(tmp_path, None, more=EVERY_OUTCOME)
+    assert tampered == []
+    assert {k.split("::", 1)[1]: v for k, v in tests.items() if k.startswith("test_more.py")} == {
+        "test_xfailed": "xfailed", "test_xpassed": "xpassed", "test_xpassed_strict": "failed",
+        "test_skipped_inside": "skipped", "test_teardown_error": "error", "test_param[1]": "passed",
+        "test_param[2]": "failed", "TestCase::test_ok": "passed", "TestCase::test_fails": "failed",
+        "TestCase::test_skip": "skipped", "TestCase::test_expected_failure": "xfailed"}
+
+
 def test_a_pristine_conftest_may_register_hooks(tmp_path):
     conftest = ("import pytest\n\n@pytest.fixture\ndef answer():\n    return 42\n\n"
                 "def pytest_runtest_logreport(report):\n    pass\n")
@@ -108,12 +186,14 @@ def test_a_pristine_conftest_may_register_hooks(tmp_path):
     (_FORGED_HOOK, "hook_added", "pytest_runtest_makereport:t1-forge"),
     (_REWRITTEN_REPORTS, "report_rewritten", "test_outputs.py::test_fails"),
     (_FD_LINES, "outcome_stream_forged", None),
-], ids=["report_factory", "runner", "makereport_hook", "rewritten_reports", "fd_lines"])
+    (_PATCH_AND_RESTORE, "report_forged", "test_outputs.py::test_solution"),
+], ids=["report_factory", "runner", "makereport_hook", "rewritten_reports", "fd_lines", "patch_and_restore"])
 def test_each_forgery_is_a_finding(tmp_path, solution, kind, what):
     (tests, _, _, tampered), _ = record(tmp_path, solution)
     assert kind in FORGERY_KINDS
     expected = kind if what is None else f"{kind}:{what}"
     assert expected in tampered, tampered
     assert all(is_forgery(flag) for flag in tampered)
+    forged = "test_outputs.py::test_solution" if kind == "report_forged" else "test_outputs.py::test_fails"
     if kind != "report_rewritten":  # the others did forge what pytest reported: the findings are what catch them
-        assert tests["test_outputs.py::test_fails"] == "passed", tests
+        assert tests[forged] == "passed", tests

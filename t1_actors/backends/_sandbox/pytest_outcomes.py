@@ -22,6 +22,11 @@ patch pytest's reporting. The recorder cannot stop that, but it makes the known 
   outcome, xfail) is kept as logged: a report whose fields differ at ``seal`` is
   ``report_rewritten:<nodeid>``. Outcomes are read from the report's ``__dict__``, not its properties.
 
+* **Each passed report, as made.** The recorder wraps ``pytest_runtest_makereport`` (outermost of the hooks
+  registered before collection); a report that comes out plain ``passed`` is made again from the same call
+  by the ``TestReport.from_item_and_call`` fingerprinted, and must say passed too, or it is
+  ``report_forged:<nodeid>`` (a factory patched for one report and put back before the next check).
+  pytest's own wrappers never turn another outcome into a plain pass (xfail handling sets ``wasxfail``).
 * **The stream.** The recorder numbers its lines 0, 1, 2, ... (``n``); a line out of that sequence (written
   to the inherited fd by other code, or a line of the recorder's lost) is ``outcome_stream_forged``.
 
@@ -44,7 +49,11 @@ WATCHED_MODULES = ("_pytest.reports", "_pytest.runner", "_pytest.terminal", "_py
                    "_pytest.python", "_pytest.outcomes", "pluggy._callers", "pluggy._hooks", "pluggy._manager",
                    "pluggy._result", __name__)
 FORGERY_KINDS = ("pytest_altered", "hook_added", "hook_removed", "report_rewritten", "report_class",
-                 "outcome_stream_forged")
+                 "report_forged", "outcome_stream_forged")
+# pluggy's hookimpl options, set by hand: this module must not import pytest (the verifier's host side imports
+# it, where pytest is only a dev extra). A new-style wrapper, called before every other wrapper registered earlier.
+_OUTER_WRAPPER = {"wrapper": True, "hookwrapper": False, "optionalhook": False, "tryfirst": True, "trylast": False,
+                  "specname": None}
 _NUMBERED = ("collected", "test", "tampered", "sealed")  # the recorder's records, numbered 0, 1, 2, ... in ``n``
 
 
@@ -106,6 +115,7 @@ class OutcomeReporter:
         self._said: set[str] = set()
         self._hooks_checked = False
         self._n = 0
+        self._factory: Any = None
 
     def _emit(self, **record) -> None:
         data = (json.dumps({**record, "n": self._n}) + "\n").encode()
@@ -166,8 +176,19 @@ class OutcomeReporter:
         """Before any test module (or what it imports) is imported, after pytest's own configure-time
         patches (its legacypath plugin adds properties to its classes)."""
         self._machinery = _fingerprint()
+        self._factory = self._report_class.from_item_and_call
         self._pluginmanager = session.config.pluginmanager
         self._hooks = self._hook_table()
+
+    def pytest_runtest_makereport(self, item, call):
+        report = yield
+        fields = vars(report)
+        if self._factory is not None and fields.get("outcome") == "passed" and "wasxfail" not in fields:
+            if vars(self._factory(item, call)).get("outcome") != "passed":
+                self._tampered(f"report_forged:{report.nodeid}")
+        return report
+
+    pytest_runtest_makereport.pytest_impl = _OUTER_WRAPPER  # type: ignore[attr-defined]
 
     def pytest_sessionfinish(self, session) -> None:
         self.check()
