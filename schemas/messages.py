@@ -137,6 +137,7 @@ class VerifyRequest(Message):
     trial's own (and in messages written before the field existed)."""
 
     kind = "verify_request"
+    schema_version = 2  # 2 adds sandbox_id
     trial_id: str
     task_id: str
     sandbox_id: str | None = None

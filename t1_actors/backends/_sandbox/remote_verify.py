@@ -8,7 +8,8 @@ a file under a random directory and are downloaded. Tamper flags come from a ``f
 suspicious names among files changed since the environment was laid down (``ENV_READY_MARKER``).
 
 Weaker than the local path, and said so: the interpreter is the sandbox's own, and the agent had the
-whole machine, so a replaced ``python3`` or a planted ``sitecustomize`` could still lie (they are flagged).
+whole machine, so a replaced ``python3`` or a planted ``sitecustomize`` could still lie (they are flagged;
+such code runs before the outcome recorder fingerprints pytest, so its in-process checks do not cover it).
 """
 
 from __future__ import annotations
