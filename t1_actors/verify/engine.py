@@ -18,7 +18,7 @@ Integrity, in the order it happens:
    (skipped / xfailed / xpassed do not). reward = P / S, S = 20 fixed (``t1_actors.train.ppo.reward``).
 5. The code under test runs in pytest's process when the tests import it, and could patch pytest's
    reporting. The recorder (``_sandbox/pytest_outcomes.py``) fingerprints that machinery and the hook
-   registry before collection and checks them before each outcome it writes and after the run, and
+   registry before collection and checks them before each pass it writes and at session finish, and
    checks each report against what it logged; a finding is a tamper flag (``FORGERY_KINDS``) and P = 0.
 
 Trust boundary: pytest and the test files are trusted; code the tests *import* from the workspace shares

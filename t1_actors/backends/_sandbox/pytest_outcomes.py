@@ -12,8 +12,8 @@ patch pytest's reporting. The recorder cannot stop that, but it makes the known 
   imported; the recorder, registered last, is called first) it holds every module-level object and every
   class attribute (with its functions' ``__code__`` and defaults) of pytest's reporting and hook-calling
   modules (``WATCHED_MODULES``: the reports, the runner, the terminal reporter, skipping, the hook caller)
-  and of this module. Before each outcome it writes, and once more at session finish, it compares them by
-  identity: a rebinding, a ``__code__`` swap, a deletion or a new callable is a
+  and of this module. Before each ``passed`` it writes (no other outcome earns a point), and once more at
+  session finish, it compares them by identity: a rebinding, a ``__code__`` swap, a deletion or a new callable is a
   ``pytest_altered:<module>.<name>`` record.
 * **Hook registry.** When collection starts it holds every hook's implementations (plugin name, function);
   one added by the end of the session is ``hook_added:<hook>:<plugin>``, one removed ``hook_removed:...`` (a
@@ -202,7 +202,6 @@ class OutcomeReporter:
             self._emit(test=report.nodeid or "<collection>", outcome="error", detail=str(report.longrepr)[-400:])
 
     def pytest_runtest_logreport(self, report) -> None:
-        self.check()
         if type(report) is not self._report_class:
             self._tampered(f"report_class:{type(report).__module__}.{type(report).__qualname__}")
         fields = vars(report)
@@ -221,6 +220,8 @@ class OutcomeReporter:
             outcome = "xfailed" if xfail else "skipped"
         else:
             return
+        if outcome == "passed":  # the only outcome that earns a point is checked before it is written (~2 ms)
+            self.check()
         self._emit(test=nodeid, outcome=outcome)
 
 
