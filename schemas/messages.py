@@ -132,9 +132,15 @@ class SandboxClose(Message):
 
 @register
 class VerifyRequest(Message):
+    """Verify a trial's final root. ``trial_id`` names the result; ``sandbox_id`` is the sandbox holding the
+    root when it is not the trial's own (a continuation plays on in its original's), None meaning the
+    trial's own (and in messages written before the field existed)."""
+
     kind = "verify_request"
+    schema_version = 2  # 2 adds sandbox_id
     trial_id: str
     task_id: str
+    sandbox_id: str | None = None
 
 
 @register

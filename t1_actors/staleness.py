@@ -86,8 +86,9 @@ class ActorPorts:
         if sandbox_id is not None:
             await self.actor.peer("sandbox").broadcast(Cancel(trial_id=sandbox_id, reason="batch full"))
 
-    async def verify(self, trial_id: str, task_id: str) -> VerifierResult:
-        reply = await self.actor.peer("verifier").call_bulk(VerifyRequest(trial_id=trial_id, task_id=task_id))
+    async def verify(self, trial_id: str, task_id: str, *, sandbox_id: str | None = None) -> VerifierResult:
+        reply = await self.actor.peer("verifier").call_bulk(VerifyRequest(trial_id=trial_id, task_id=task_id,
+                                                                          sandbox_id=sandbox_id))
         if not isinstance(reply, VerifierResult):
             raise TypeError(f"verifier answered {type(reply).__name__} to a verify request")
         return reply

@@ -1,5 +1,7 @@
-"""The verifier actor: ``VerifyRequest(trial_id, task_id)`` -> the ``VerifierResult`` event (appended to
-the log and sent back), from ``t1_actors.verify.engine``.
+"""The verifier actor: ``VerifyRequest(trial_id, task_id, sandbox_id)`` -> the ``VerifierResult`` event
+(appended to the log and sent back), from ``t1_actors.verify.engine``. It verifies the root of sandbox
+``sandbox_id`` (None: the trial's own) and names the result by ``trial_id`` always, so a continuation
+verified in its original's sandbox has a result of its own, and the original none of its continuation's.
 
 The trial's final root is found on the shared disk: the sandbox actor's local backend records each open
 trial's layers under ``[sandbox.local] base_dir`` (``locate_trial``), so the verifier runs on the
@@ -59,14 +61,15 @@ class VerifierActor(Actor):
 
     @handles(VerifyRequest)
     async def verify(self, request: VerifyRequest) -> VerifierResult:
+        sandbox_id = request.sandbox_id or request.trial_id
         try:
             task = self.tasks.get(request.task_id)
             if self.daytona is not None:
-                outcome = await trio.to_thread.run_sync(self._verify_daytona, task, request.trial_id)
+                outcome = await trio.to_thread.run_sync(self._verify_daytona, task, sandbox_id)
             else:
-                trial = locate_trial(self.sandbox_dir, request.trial_id)
+                trial = locate_trial(self.sandbox_dir, sandbox_id)
                 outcome = await trio.to_thread.run_sync(self.verifier.verify, task, trial)
-            event = outcome.to_event()
+            event = outcome.to_event().model_copy(update={"trial_id": request.trial_id})
         except (KeyError, SandboxInfraError) as exc:
             event = VerifierResult(trial_id=request.trial_id, task_id=request.task_id, tests={}, passed=0, total=0,
                                    reward=0.0, reward_scale=REWARD_SCALE, verifier_sha256="",

@@ -21,7 +21,7 @@ from tools.chaos import NOT_TESTED, PHASES, ROLES, find_orphans, plan_faults
 from tools.chaos._sections import SECTION_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
-ZEROS = ("trials_unaccounted", "trials_final_twice", "continuations_unlinked", "events_duplicated",
+ZEROS = ("trials_unaccounted", "trials_final_twice", "trials_verified_twice", "continuations_unlinked", "events_duplicated",
          "learner_steps_gap", "trajectories_consumed_twice", "trajectories_consumed_unadmitted",
          "versions_out_of_order", "weights_mismatched", "orphans")
 

@@ -20,7 +20,7 @@ from t1_actors.tasks.model import Limits, Task
 from t1_actors.tasks.model import Tests as TaskTests
 from tools.chaos._hostile import CASES, run_hostile
 from tools.chaos._sections import SECTION_KEYS
-from tools.chaos._tamper import METHODS
+from tools.chaos._tamper import HONEST_P, METHODS, TOTAL
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or cgroups.available() is not None,
@@ -106,10 +106,13 @@ def test_every_tamper_is_flagged_p_unchanged_and_fools_the_naive_verifier(tamper
     assert report["tamper_undetected"] == 0, {n: m for n, m in methods.items() if m["undetected"]}
     assert report["tamper_tried"] == len(METHODS) > 0
     assert report["positive_controls"] == {"tried": len(METHODS), "succeeded": len(METHODS)}
+    expected_p = {m.name: m.expected_p for m in METHODS}
+    assert {n for n, p in expected_p.items() if p == 0} == {  # forged in pytest's process: outcomes discarded
+        "forged_report_factory", "forged_runner", "forged_makereport_hook", "rewritten_reports"}
     for name, method in methods.items():
         assert method["flagged"] and not method["p_moved"] and method["evidence"], (name, method)
-        assert method["real"]["passed"] == 1 and method["real"]["total"] == 3, (name, method)
-        assert method["naive"]["passed"] > 1 or method["naive"]["reward"] == 1.0, (name, method)
+        assert method["real"]["passed"] == expected_p[name] and method["real"]["total"] == TOTAL, (name, method)
+        assert method["naive"]["passed"] > HONEST_P or method["naive"]["reward"] == 1.0, (name, method)
     baseline = report["tamper_baseline"]  # the verifiers score an honest agent as they should
     assert baseline["real_honest"]["passed"] == baseline["naive_honest"]["passed"] == 2
     assert baseline["real_noop"]["passed"] == baseline["naive_noop"]["passed"] == 1

@@ -79,6 +79,8 @@ def _without(events, kind: str, trial_id: str) -> list:
     (lambda ev, tmp: ev + [("w:99", ev[3][1])], "events_duplicated"),  # an event logged twice
     (lambda ev, tmp: ev + [ev[3]], "events_duplicated"),  # an event id twice
     (lambda ev, tmp: ev + [("w:99", _decide("r1", "admit"))], "trials_final_twice"),
+    # a continuation's result named by its original (before VerifyRequest.sandbox_id): the original has two
+    (lambda ev, tmp: ev + [("w:99", _verified("r0", 0.3))], "trials_verified_twice"),
     (lambda ev, tmp: _without(ev, "trial_issued", "r3~c1"), "continuations_unlinked"),
     (lambda ev, tmp: [(i, e) for i, e in ev if not (e.kind == "learner_step" and e.step == 0)],  # a step skipped
      "learner_steps_gap"),

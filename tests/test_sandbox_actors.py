@@ -54,6 +54,11 @@ async def test_trial_through_sandbox_and_verifier_actors(tmp_path, actor_config)
                 result = await verifier.call(VerifyRequest(trial_id="a", task_id=task.id), deadline_s=60)
                 assert isinstance(result, VerifierResult) and result.infra_error is None
                 assert result.passed == result.total > 0 and result.reward == result.passed / 20
+                # a continuation verified in its original's sandbox: the result names the continuation
+                continued = await verifier.call(VerifyRequest(trial_id="a~c1", task_id=task.id, sandbox_id="a"),
+                                                deadline_s=60)
+                assert continued.trial_id == "a~c1" and continued.infra_error is None
+                assert (continued.passed, continued.total) == (result.passed, result.total)
 
                 missing = await sandbox.call(ExecRequest(trial_id="nope", turn=0, command="true", timeout_s=1),
                                              deadline_s=10)
@@ -90,4 +95,4 @@ async def test_trial_through_sandbox_and_verifier_actors(tmp_path, actor_config)
     execs = [e for _, e in log.events(kinds=["sandbox_exec"])]
     results = [e for _, e in log.events(kinds=["verifier_result"])]
     assert {e.trial_id for e in execs} >= {"a", "nope"}
-    assert [r.trial_id for r in results] == ["a", "nope"] and results[0].passed == results[0].total
+    assert [r.trial_id for r in results] == ["a", "a~c1", "nope"] and results[0].passed == results[0].total

@@ -214,3 +214,12 @@ def test_records_are_immutable():
         rec.turn = 3
     with pytest.raises(ValueError):
         rec.prompt_ids[0] = 7
+
+
+def test_a_verify_request_written_before_sandbox_id_reads_as_the_trials_own_sandbox():
+    old = pack({"t": "verify_request", "v": 1, "f": {"trial_id": "r3~c1", "task_id": "t"}})
+    request = decode(old)
+    assert isinstance(request, schemas.VerifyRequest) and request.sandbox_id is None
+    assert request.trial_id == "r3~c1" and request.schema_version == 2
+    new = schemas.VerifyRequest(trial_id="r3~c1", task_id="t", sandbox_id="r3")
+    assert decode(encode(new)) == new

@@ -136,8 +136,9 @@ def test_training_part_of_the_policy_on_the_megatron_learner_is_refused_before_a
 
 class _SandboxLostBeforeContinuations(InProcessPorts):
     """The verifier actor's answer when a trial's sandbox is gone (its sandbox actor was killed and its roots
-    swept): a VerifierResult with infra_error, named by the sandbox's trial. Here: every continuation's.
-    Every other original trial samples slowly, so the batch fills before it ends and it is cut and continued."""
+    swept): a VerifierResult with infra_error, named by the trial asking (``VerifierActor.verify``). Here:
+    every continuation's. Every other original trial samples slowly, so the batch fills before it ends and it
+    is cut and continued."""
 
     async def generate(self, trial_id, turn, prompt_ids, seed=None, temperature=None, prefix=None,
                        record_routing=True):
@@ -146,11 +147,11 @@ class _SandboxLostBeforeContinuations(InProcessPorts):
         return await super().generate(trial_id, turn, prompt_ids, seed=seed, temperature=temperature, prefix=prefix,
                                       record_routing=record_routing)
 
-    async def verify(self, trial_id, task_id):
-        if not any(getattr(e, "resumed_from", None) == trial_id for e in self.events if isinstance(e, TrialIssued)):
+    async def verify(self, trial_id, task_id, *, sandbox_id=None):
+        if sandbox_id is None:  # the trial's own sandbox: an original's
             return await super().verify(trial_id, task_id)
         event = VerifierResult(trial_id=trial_id, task_id=task_id, tests={}, passed=0, total=0, reward=0.0,
-                               reward_scale=20, verifier_sha256="", infra_error=f"no open sandbox of trial {trial_id}")
+                               reward_scale=20, verifier_sha256="", infra_error=f"no open sandbox of trial {sandbox_id}")
         self.events.append(event)
         return event
 
@@ -182,7 +183,13 @@ def test_a_continuation_whose_verification_fails_still_reaches_its_own_final_sta
 
     ports, stats = trio.run(main)
     assert stats.resumed > 0, "no continuation was played: nothing was tested"
-    lost = [e for e in ports.events if isinstance(e, StalenessDecision) and "verification failed" in e.reason]
-    assert lost and all("~c" in d.trial_id and d.decision == "drop" for d in lost)
+    lost = [e for e in ports.events if isinstance(e, VerifierResult) and e.infra_error is not None]
+    continuations = {e.trial_id: e.resumed_from for e in ports.events
+                     if isinstance(e, TrialIssued) and e.resumed_from is not None}
+    assert lost and all(e.trial_id in continuations for e in lost)  # named by the continuation, not its original
+    assert not {continuations[e.trial_id] for e in lost} & {  # and its original holds no result of its continuation
+        e.trial_id for e in ports.events if isinstance(e, VerifierResult) and e.infra_error is not None}
     audit = audit_events((str(i), e) for i, e in enumerate(ports.events))
     assert audit.trials_unaccounted == 0 and audit.trials_final_twice == 0, audit.to_json()
+    assert audit.trials_verified_twice == 0 and audit.trials_verified > 0, audit.to_json()
+    assert audit.final_states["failed"] >= len(lost), audit.to_json()  # its own final state: its failed verification

@@ -51,10 +51,10 @@ class InProcessPorts:
         for turn in range(64):
             await self.sampler.cancel(f"{trial_id}/{turn}")
 
-    async def verify(self, trial_id, task_id):
-        sandbox = self.sandboxes[trial_id]
+    async def verify(self, trial_id, task_id, *, sandbox_id=None):
+        sandbox = self.sandboxes[sandbox_id or trial_id]
         verification = await trio.to_thread.run_sync(self.verifier.verify, self.tasks[task_id], sandbox.trial_root)
-        event = verification.to_event()
+        event = verification.to_event().model_copy(update={"trial_id": trial_id})  # named by the trial, as the actor does
         self.events.append(event)
         return event
 

@@ -44,7 +44,8 @@ class TrialPorts(Protocol):
         the turn's record leaves its routing to the trial's trajectory (a trial played to be trained)."""
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
         """Abort the trial's generation; with ``sandbox_id``, also stop its running command and sandbox."""
-    async def verify(self, trial_id: str, task_id: str) -> VerifierResult: ...
+    async def verify(self, trial_id: str, task_id: str, *, sandbox_id: str | None = None) -> VerifierResult:
+        """Verify the root of sandbox ``sandbox_id`` (None: the trial's own); the result names ``trial_id``."""
     async def log(self, *events: Any) -> None: ...
     def learner_version(self) -> int: ...
 
@@ -141,7 +142,8 @@ class TrialRunner:
                                                 context_edits=len(edits), tokens=rollout.tokens,
                                                 duration_s=time.monotonic() - rollout.started))
         if rollout.infra_error is None and rollout.turns:
-            result = await self.ports.verify(sandbox_id or trial_id, task_id)
+            result = await self.ports.verify(trial_id, task_id,
+                                             sandbox_id=sandbox_id if sandbox_id != trial_id else None)
         outcome = TrialOutcome(trial_id, task_id, task.family or "", rollout, result)
         if assemble and result is not None and result.infra_error is None:
             outcome.chunks = tito.assemble(rollout.turns, self.tokenizer, reward=result.reward, repairs=self.tito_repairs)
@@ -275,16 +277,8 @@ async def _train_trial(runner: TrialRunner, flight: _InFlight, batch: _Batch, co
         return  # cancelled with the tail: stays in flight, the batch's end records it
     del batch.in_flight[flight.trial_id]
     try:
-        if not outcome.chunks:  # infrastructure failure: its actor recorded it; never a reward of 0
-            error = outcome.result.infra_error if outcome.result is not None else None
-            if error is not None and flight.sandbox_id != flight.trial_id:
-                # A continuation is verified in its original's sandbox, so the verifier recorded the failure
-                # under the original's id: without a decision of its own this trial had no final state.
-                await ports.log(StalenessDecision(trial_id=flight.trial_id, decision="drop", lag=0,
-                                                  policy_version=ports.learner_version(),
-                                                  reason=f"verification failed (recorded under {flight.sandbox_id}): "
-                                                         f"{error}", turns=len(rollout.turns), tokens=rollout.tokens))
-            return
+        if not outcome.chunks:  # infrastructure failure: its actor recorded it under this trial's id (a
+            return              # continuation's too: the verifier names the result by the trial, not the sandbox)
         lag = policy_lag(ports.learner_version(), outcome.oldest_version)
         within = admit(lag, config.max_staleness)
         ok = within and batch.admitted < batch.size

@@ -80,10 +80,10 @@ class EvalPorts(InProcessPorts):
                                   record_routing=record_routing))
         return g
 
-    async def verify(self, trial_id: str, task_id: str):
+    async def verify(self, trial_id: str, task_id: str, *, sandbox_id: str | None = None):
         verification = await trio.to_thread.run_sync(self.verifier.verify, self.tasks[task_id],
-                                                     self.sandboxes[trial_id].trial_root)
-        event = verification.to_event()
+                                                     self.sandboxes[sandbox_id or trial_id].trial_root)
+        event = verification.to_event().model_copy(update={"trial_id": trial_id})
         await self.log(event)
         return event
 

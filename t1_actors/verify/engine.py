@@ -16,10 +16,14 @@ Integrity, in the order it happens:
    the tests' writes never touch the trial.
 4. P comes from pytest's own reports through a plugin writing to a pipe; only ``passed`` counts
    (skipped / xfailed / xpassed do not). reward = P / S, S = 20 fixed (``t1_actors.train.ppo.reward``).
+5. The code under test runs in pytest's process when the tests import it, and could patch pytest's
+   reporting. The recorder (``_sandbox/pytest_outcomes.py``) fingerprints that machinery and the hook
+   registry before collection and checks them before each pass it writes and at session finish, and
+   checks each report against what it logged; a finding is a tamper flag (``FORGERY_KINDS``) and P = 0.
 
-Trust boundary: pytest and the test files are trusted; the code under test (the agent's files) runs in
-the same pytest process, so code that the tests *import* from the workspace could in principle forge
-outcomes in memory. Tests that run the agent's programs as subprocesses are not exposed to that.
+Trust boundary: pytest and the test files are trusted; code the tests *import* from the workspace shares
+pytest's process, so the recorder catches the known ways of forging outcomes there, not every way (what
+it still can do: docs/chaos.md). Tests that run the agent's programs as subprocesses are not exposed.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from schemas import VerifierResult
 from t1_actors.backends._sandbox.dependencies import ensure_dependencies, missing_dependencies  # noqa: F401 (re-export)
 from t1_actors.backends._sandbox.interface import SandboxInfraError
+from t1_actors.backends._sandbox.pytest_outcomes import is_forgery
 from t1_actors.backends._sandbox.remote_verify import pytest_bundle, verify_in_sandbox
 from t1_actors.backends.local_sandbox import TrialRoot
 from t1_actors.train.ppo import REWARD_SCALE, reward
@@ -205,8 +210,10 @@ class _ForkServer:
     """Client of one verify_server process; thread-safe, requests run concurrently inside the server."""
 
     def __init__(self):
-        project = str(Path(__file__).resolve().parent.parent)
-        code = (f"import sys; sys.path.append({project!r}); "
+        project = str(Path(__file__).resolve().parents[2])  # the checkout holding t1_actors
+        # first on the path: the server runs this checkout's code, not an installed copy's (an editable
+        # install of another checkout would otherwise win)
+        code = (f"import sys; sys.path.insert(0, {project!r}); "
                 f"from t1_actors.backends._sandbox.verify_server import main; main({project!r})")
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         self.proc = subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.PIPE,
@@ -300,7 +307,7 @@ class Verifier:
             return self._failed(task, trial, sha, str(exc), start)
         except Exception as exc:  # the verifier's own machinery broke: never a score
             return self._failed(task, trial, sha, f"{type(exc).__name__}: {exc}", start)
-        return self._scored(task, trial, sha, {**reply, "tamper_flags": flags}, start)
+        return self._scored(task, trial, sha, {**reply, "tamper_flags": flags + reply.get("tampered", [])}, start)
 
     def verify_in_sandbox(self, task: Task, sandbox) -> Verification:
         """Verify a trial whose root this host cannot mount (a Daytona sandbox): the tests and a trusted
@@ -324,9 +331,12 @@ class Verifier:
         tests = dict(reply["tests"])
         for nodeid in reply["collected"]:
             tests.setdefault(nodeid, "timeout" if reply["timed_out"] else "not_run")
-        passed = sum(outcome == "passed" for outcome in tests.values())
+        flags = list(reply.get("tamper_flags", []))
+        # pytest's own reporting was altered in its process: no outcome it reported is evidence
+        forged = any(is_forgery(flag) for flag in flags)
+        passed = 0 if forged else sum(outcome == "passed" for outcome in tests.values())
         return Verification(trial.trial_id, task.id, tests, passed, len(tests), reward(passed), REWARD_SCALE, sha,
-                            list(reply.get("tamper_flags", [])), None, bool(reply["timed_out"]),
+                            flags, None, bool(reply["timed_out"]),
                             time.monotonic() - start, reply.get("log", ""), reply.get("phases", {}))
 
     def _failed(self, task: Task, trial, sha: str, error: str, start: float,

@@ -6,6 +6,8 @@ What a trusted log promises, checked from the log alone (and the weights files i
   is admitted, dropped or cancelled (a cancelled one is closed, or resumed as a continuation that names it
   in ``resumed_from`` and has its own final state); any trial may instead fail with a recorded reason (an
   infrastructure error of its sandbox, sampler or verifier: never a reward of 0);
+- a trial has at most one ``VerifierResult`` (a continuation's names the continuation, not the original whose
+  sandbox it played on);
 - no event is logged twice: no event id twice, and no second event with the same kind and content;
 - learner steps are contiguous (0, 1, 2, ... with none missing or repeated), each consumes a trajectory
   at most once, and only admitted ones;
@@ -51,6 +53,8 @@ class Audit:
     trials_issued: int = 0
     trials_unaccounted: int = 0  # no final state
     trials_final_twice: int = 0  # more than one final state
+    trials_verified: int = 0  # trials with a VerifierResult
+    trials_verified_twice: int = 0  # a trial with more than one VerifierResult (each names the trial it verified)
     final_states: Counter = field(default_factory=Counter)
     continuations_unlinked: int = 0  # a "resume" without the continuation naming it, or the reverse
     learner_steps: int = 0
@@ -67,7 +71,8 @@ class Audit:
     context_edits_uncounted: int = 0  # a trial's ContextEdited events differ from its TrialEnded.context_edits
     examples: dict[str, list[str]] = field(default_factory=dict)
 
-    MUST_BE_ZERO = ("events_duplicated", "trials_unaccounted", "trials_final_twice", "continuations_unlinked",
+    MUST_BE_ZERO = ("events_duplicated", "trials_unaccounted", "trials_final_twice", "trials_verified_twice",
+                    "continuations_unlinked",
                     "learner_steps_gap", "trajectories_consumed_twice", "trajectories_consumed_unadmitted",
                     "versions_out_of_order", "weights_mismatched", "chunks_misnumbered", "chunk_rewards_differ",
                     "context_edits_uncounted")
@@ -101,6 +106,7 @@ def audit_events(events: Iterable[tuple[str, Event]], *, weights_root: Path | No
     issued: dict[str, TrialIssued] = {}
     decisions: dict[str, list[str]] = defaultdict(list)
     verified: Counter = Counter()
+    results: Counter = Counter()  # VerifierResults by trial, failed ones too
     failed: set[str] = set()
     continued_from: dict[str, str] = {}  # continuation -> the cancelled trial it resumes
     steps: list[LearnerStep] = []
@@ -123,6 +129,7 @@ def audit_events(events: Iterable[tuple[str, Event]], *, weights_root: Path | No
         elif isinstance(event, StalenessDecision):
             decisions[event.trial_id].append(event.decision)
         elif isinstance(event, VerifierResult):
+            results[event.trial_id] += 1
             if event.infra_error is not None:
                 failed.add(event.trial_id)
             else:
@@ -140,6 +147,11 @@ def audit_events(events: Iterable[tuple[str, Event]], *, weights_root: Path | No
         elif isinstance(event, WeightsPublished):
             published.append(event)
     _audit_trials(audit, issued, decisions, verified, failed, continued_from)
+    audit.trials_verified = len(results)
+    for trial_id, n in results.items():
+        if n > 1:
+            audit.trials_verified_twice += 1
+            audit.note("trials_verified_twice", f"{trial_id}: {n} VerifierResults")
     _audit_steps(audit, steps, decisions)
     _audit_versions(audit, published, weights_root)
     _audit_chunks(audit, chunks, edits, counted_edits)

@@ -294,6 +294,7 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
         "trials_issued": a["trials_issued"],
         "trials_unaccounted": a["trials_unaccounted"],
         "trials_final_twice": a["trials_final_twice"],
+        "trials_verified_twice": a["trials_verified_twice"],  # a continuation's result named by its original
         "continuations_unlinked": a["continuations_unlinked"],
         "final_states": a["final_states"],
         "events_duplicated": a["events_duplicated"],
@@ -356,9 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         except (FileExistsError, RuntimeError) as error:
             print(f"t1-actor chaos: {error}", file=sys.stderr)
             return 2
-        zeros = ("trials_unaccounted", "trials_final_twice", "events_duplicated", "learner_steps_gap",
-                 "trajectories_consumed_twice", "trajectories_consumed_unadmitted", "versions_out_of_order",
-                 "weights_mismatched", "orphans")
+        zeros = ("trials_unaccounted", "trials_final_twice", "trials_verified_twice", "events_duplicated",
+                 "learner_steps_gap", "trajectories_consumed_twice", "trajectories_consumed_unadmitted",
+                 "versions_out_of_order", "weights_mismatched", "orphans")
         caught = report["audit_mutations"]
         clean = (report["campaign_completed"] and all(report[k] == 0 for k in zeros) and report["events_checked"] > 0
                  and caught["caught"] == caught["tried"] > 0)

@@ -8,11 +8,13 @@ a file under a random directory and are downloaded. Tamper flags come from a ``f
 suspicious names among files changed since the environment was laid down (``ENV_READY_MARKER``).
 
 Weaker than the local path, and said so: the interpreter is the sandbox's own, and the agent had the
-whole machine, so a replaced ``python3`` or a planted ``sitecustomize`` could still lie (they are flagged).
+whole machine, so a replaced ``python3`` or a planted ``sitecustomize`` could still lie (they are flagged;
+such code runs before the outcome recorder fingerprints pytest, so its in-process checks do not cover it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import io
 import secrets
@@ -36,7 +38,8 @@ _SUSPICIOUS = ["conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "sitecusto
 def pytest_bundle(cache_dir: Path) -> bytes:
     """A zip of pytest, its dependencies and the outcome plugin, importable from sys.path (cached on disk)."""
     version = importlib.metadata.version("pytest")
-    path = cache_dir / f"pytest-bundle-{version}.zip"
+    recorder = hashlib.sha256(Path(__file__).with_name("pytest_outcomes.py").read_bytes()).hexdigest()[:12]
+    path = cache_dir / f"pytest-bundle-{version}-{recorder}.zip"
     if path.is_file():
         return path.read_bytes()
     buffer = io.BytesIO()
@@ -108,8 +111,8 @@ def verify_in_sandbox(sandbox: Any, task: Any, tests_files: dict[str, bytes], bu
     except SandboxInfraError:
         text = ""
     sandbox.exec(f"rm -rf {base} /tests", 30)
-    tests, collected, infra_error = parse_outcomes(text)
-    return {"tests": tests, "collected": collected, "timed_out": result.timed_out, "tamper_flags": flags,
+    tests, collected, infra_error, tampered = parse_outcomes(text)
+    return {"tests": tests, "collected": collected, "timed_out": result.timed_out, "tamper_flags": flags + tampered,
             "log": (result.stdout + result.stderr)[-4000:], "infra_error": infra_error}
 
 

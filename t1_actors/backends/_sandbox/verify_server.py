@@ -5,7 +5,8 @@ read-only at its own paths, pivots into that root, drops to Docker's capabilitie
 ``pytest.main`` with the outcome plugin writing to a pipe only this server reads.
 
 Protocol: one JSON object per line. Requests on stdin; on stdout first ``{"ready": true}``, then one
-response per request (``{"id", "tests", "collected", "timed_out", "infra_error", "duration_s", "log"}``),
+response per request (``{"id", "tests", "collected", "tampered", "timed_out", "infra_error", "duration_s",
+"log"}``; ``tampered``: the outcome recorder's findings, ``pytest_outcomes.py``),
 in completion order. Run it as ``python -I -m t1_actors.backends._sandbox.verify_server``.
 """
 
@@ -33,7 +34,9 @@ PYTEST_ARGS = ["-p", "no:cacheprovider", "-c", "/dev/null", "--rootdir", "/tests
                "-p", "no:unraisableexception", "-p", "no:threadexception",
                # not needed to run a task's tests; each costs plugin registration per run
                "-p", "no:doctest", "-p", "no:pastebin", "-p", "no:junitxml", "-p", "no:setuponly",
-               "-p", "no:setupplan", "-p", "no:debugging", "-p", "no:faulthandler", "-p", "no:python_path"]
+               "-p", "no:setupplan", "-p", "no:faulthandler", "-p", "no:python_path"]
+# not "-p no:debugging": pytest's unittest plugin reads its --trace option, and every unittest.TestCase test
+# then errors (ValueError: no option named 'trace'), an honest solution scored 0
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
@@ -174,7 +177,7 @@ def _finish(job: _Job) -> dict:
     job.cgroup.remove()
     os.close(job.fd)
     text = bytes(job.buffer).decode("utf-8", "replace")
-    tests, collected, infra_error = parse_outcomes(text)
+    tests, collected, infra_error, tampered = parse_outcomes(text)
     phases: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith('{"phase"'):  # timings, for diagnosis only
@@ -192,7 +195,8 @@ def _finish(job: _Job) -> dict:
     phases["reaped"] = round(time.monotonic() - job.start, 4)
     remove_tree(scratch)
     phases["cleaned"] = round(time.monotonic() - job.start, 4)
-    return {"id": job.request["id"], "phases": phases, "tests": tests, "collected": collected, "timed_out": job.timed_out,
+    return {"id": job.request["id"], "phases": phases, "tests": tests, "collected": collected, "tampered": tampered,
+            "timed_out": job.timed_out,
             "infra_error": infra_error, "duration_s": time.monotonic() - job.start, "log": log}
 
 
@@ -247,7 +251,9 @@ def _child(request: dict, trusted: list[str], result_fd: int) -> int:
 
     targets = [f"/tests/{t}" for t in request["targets"]] or ["/tests"]
     _emit(result_fd, phase="setup", t=time.monotonic())
-    code = pytest.main([*targets, *PYTEST_ARGS], plugins=[OutcomeReporter(result_fd)])
+    reporter = OutcomeReporter(result_fd, "/tests")  # fingerprints pytest's reporting before collection
+    code = pytest.main([*targets, *PYTEST_ARGS], plugins=[reporter])
+    reporter.seal()
     _emit(result_fd, phase="pytest", t=time.monotonic())
     sys.stdout.flush()
     return int(code)
