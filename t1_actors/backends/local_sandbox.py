@@ -7,7 +7,8 @@ lands. The host is never modified; closing a sandbox unmounts it and deletes the
 
 Each tool call runs in ``bwrap`` with fresh pid/ipc/uts/net namespaces (no network during the agent's
 turns; build steps get the host's, as a Docker build would), Docker's default capabilities less
-CAP_MKNOD, and its own cgroup: memory and process caps and a kill switch for the whole tree at the
+CAP_MKNOD, a system-call filter like Docker's default seccomp profile (``_sandbox/seccomp.py``;
+``seccomp = false`` turns it off), and its own cgroup: memory and process caps and a kill switch for the whole tree at the
 wall-clock timeout; rlimits cap CPU seconds (timeout x the task's ``cpus``) and file size; output is
 capped per stream and flagged when truncated. Processes do not outlive their tool call (the pid namespace ends with it).
 The trial's upper layer lives on its own disk (``_sandbox/disk.py``: a sparse ext4 image of ``disk_mb``,
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from t1_actors.backends._sandbox import cgroups, disk
+from t1_actors.backends._sandbox import cgroups, disk, seccomp
 from t1_actors.backends._sandbox.image import Image, SandboxBuildError, build_image
 from t1_actors.backends._sandbox.interface import BuildReport, ExecResult, Sandbox, SandboxBackend, SandboxInfraError
 from t1_actors.backends._sandbox.layers import Layer, RootStack, make_skeleton, remove_tree, unmount_all
@@ -68,6 +69,9 @@ class LocalSandboxConfig(BaseModel):
                                                  "(sparse); 0: on the host's disk, uncapped")
     build_network: bool = Field(True, description="Dockerfile RUN / setup steps may reach package registries")
     build_memory_mb: int = Field(4096, gt=0, description="memory cap of one environment build step")
+    seccomp: bool = Field(True, description="every command and build step under a system-call filter like "
+                                            "Docker's default profile (no namespaces, mounts, keyrings, bpf, "
+                                            "perf, modules; _sandbox/seccomp.py); false: none")
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,8 @@ class LocalSandboxBackend:
         if problem:
             raise SandboxInfraError(f"local sandbox needs per-command cgroups: {problem}")
         bwrap_path()
+        if self.config.seccomp:
+            seccomp.compiled()  # fails here, naming the key, when libseccomp or pyseccomp is missing
         if self.config.disk_mb and (problem := disk.available()):
             raise SandboxInfraError(f"per-trial disks ([sandbox.local] disk_mb = {self.config.disk_mb}): {problem}; "
                                     f"set disk_mb = 0 to write on the host's disk, uncapped")
@@ -158,7 +164,8 @@ class LocalSandboxBackend:
         limits = task.limits
         build_limits = ExecLimits(limits.build_timeout_s, self.config.build_memory_mb << 20, self.config.pids_max,
                                   max(limits.cpus, 1.0), self.config.file_size_mb << 20, 64 << 10)
-        image = build_image(task, self.base / "images", self.base_stack, build_limits, self.config.build_network)
+        image = build_image(task, self.base / "images", self.base_stack, build_limits, self.config.build_network,
+                            seccomp_filter=self.config.seccomp)
         with self._lock:
             self._images[task.id] = (task, image)  # the same Task object skips re-hashing its build context
         return image
@@ -258,7 +265,8 @@ class LocalSandbox:
         if not self._files.is_dir(workdir):  # the agent removed it: start in / (bwrap would refuse to chdir)
             workdir = "/"
         result = run_in_root(self.root, ["/bin/sh", "-c", command], env=self.trial_root.env, workdir=workdir,
-                             limits=self.limits(timeout_s), network=network, name=self.directory.name)
+                             limits=self.limits(timeout_s), network=network, name=self.directory.name,
+                             seccomp_filter=self.backend.config.seccomp)
         if (result.exit_code != 0 and result.killed_by is None and self.backend.config.disk_mb
                 and disk.disk_full(self.directory / disk.MOUNTPOINT, result.stderr)):
             result = dataclasses.replace(result, killed_by="disk")  # it failed with the trial's disk full
