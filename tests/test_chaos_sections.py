@@ -59,6 +59,23 @@ def test_without_its_own_disk_the_disk_fill_case_escapes(tmp_path):
     assert contained["sandbox_cases"]["disk_fill"]["outcome"].startswith("refused: the trial's disk is full")
 
 
+SECCOMP_CASES = ["nested_user_namespace", "mount_in_user_namespace", "keyring_add_key", "perf_event_open"]
+
+
+def test_the_seccomp_filter_contains_what_it_alone_refuses_and_without_it_each_case_escapes(tmp_path):
+    """Nested namespaces, a mount in one, the kernel keyring, perf: refused (EPERM) under the filter; the same
+    command in a trial with [sandbox.local] seccomp = false reaches its goal (each case's control)."""
+    contained = run_hostile(tmp_path / "on", cases=SECCOMP_CASES)
+    assert contained["sandbox_escapes_succeeded"] == 0 and contained["sandbox_escapes_tried"] == len(SECCOMP_CASES)
+    assert contained["sandbox_not_tested"] == []
+    for name in SECCOMP_CASES:
+        case = contained["sandbox_cases"][name]
+        assert case["evidence"] and case["control"]["goal_reached"] and not case["escaped"], (name, case)
+        assert case["outcome"] == "refused (EPERM)", (name, case)
+    open_ = run_hostile(tmp_path / "off", cases=SECCOMP_CASES, seccomp=False)
+    assert open_["sandbox_escapes_succeeded"] == len(SECCOMP_CASES), open_["sandbox_cases"]
+
+
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
     return run_hostile(tmp_path_factory.mktemp("hostile"))

@@ -10,7 +10,9 @@ attacker's sandbox stops serving after it.
 
 Every case is also its own **positive control**: the same command, run unconfined (a plain subprocess on
 the host, as root, in a host scratch directory), must reach the same goal; for the symlink cases the
-sandbox runs the command and a naive host-side reader or copier stands in for the verifier. A case whose
+sandbox runs the command and a naive host-side reader or copier stands in for the verifier; for the cases
+that only the seccomp filter contains (nested namespaces, keyrings, perf) the control is the same command in a
+trial of the sandbox without the filter (``[sandbox.local] seccomp = false``). A case whose
 control does not reach its goal proves nothing: it is not counted in ``sandbox_escapes_tried`` and is
 reported under ``not_tested`` with the reason. Resource cases are bounded so that the unconfined control
 is safe on a shared machine: the fork bomb doubles up to 4x the sandbox's process cap, the memory hog asks
@@ -120,9 +122,10 @@ def _describe(result, seen: str) -> str:
 
 
 def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: list[str] | None = None,
-                disk_mb: int = DISK_MB) -> dict[str, Any]:
+                disk_mb: int = DISK_MB, seccomp: bool = True) -> dict[str, Any]:
     """Run every case (or those named in ``cases``) in a sandbox and unconfined; returns the report's section
-    (see the module docstring). ``disk_mb``: the attacker's per-trial disk (0: none, as before it existed)."""
+    (see the module docstring). ``disk_mb``: the attacker's per-trial disk (0: none, as before it existed);
+    ``seccomp``: the attacker's sandbox under the system-call filter (False: without, as before it existed)."""
     from t1_actors.verify.engine import PristineTests, Verifier, VerifierConfig  # noqa: PLC0415 - keeps chaos free of torch until this section runs (1.3 s)
 
     owned = directory is None
@@ -152,6 +155,7 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
     not_tested: list[dict[str, str]] = []
     outside = None
     backend = None
+    unfiltered = None
     verifier = None
     reports: list[CaseReport] = []
     try:
@@ -164,7 +168,11 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
             not_tested.append({"key": "sandbox:network_outside",
                                "reason": f"no outside address could be made here (a netns and a veth pair): {exc}"})
         backend = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(directory / "sandbox"), pids_max=PIDS_MAX,
-                                                         file_size_mb=FILE_SIZE_MB, disk_mb=disk_mb))
+                                                         file_size_mb=FILE_SIZE_MB, disk_mb=disk_mb,
+                                                         seccomp=seccomp))
+        unfiltered = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(directory / "sandbox-unfiltered"),
+                                                            pids_max=PIDS_MAX, file_size_mb=FILE_SIZE_MB,
+                                                            disk_mb=disk_mb, seccomp=False))
         verifier = Verifier(VerifierConfig(base_dir=str(directory / "verifier"), memory_mb=512))
         bystander = backend.open(task, "bystander")
         bystander_token = f"bystander-{token}"
@@ -177,13 +185,14 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
         for case in CASES:
             if (case.name == "network_outside" and outside is None) or (cases is not None and case.name not in cases):
                 continue
-            reports.append(_run_case(case, targets, backend, task, bystander, verifier, say))
+            reports.append(_run_case(case, targets, backend, task, bystander, verifier, say, unfiltered))
         bystander.close()
     finally:
         if verifier is not None:
             verifier.close()
-        if backend is not None:
-            backend.close()
+        for opened in (backend, unfiltered):
+            if opened is not None:
+                opened.close()
         for listener in listeners:
             listener.close()
         Path(f"/var/tmp/t1-hostile-{token}.sock").unlink(missing_ok=True)
@@ -211,13 +220,14 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
                                    "attacker_serving": r.attacker_serving,
                                    "sandbox": asdict(r.sandbox), "control": asdict(r.control)} for r in reports},
         "sandbox_limits": {"pids_max": PIDS_MAX, "memory_mb": MEMORY_MB, "file_size_mb": FILE_SIZE_MB,
-                           "disk_mb": disk_mb, "max_output_bytes": MAX_OUTPUT, "command_timeout_s": COMMAND_TIMEOUT_S},
+                           "disk_mb": disk_mb, "seccomp": seccomp,
+                           "max_output_bytes": MAX_OUTPUT, "command_timeout_s": COMMAND_TIMEOUT_S},
         "sandbox_positive_controls": {"tried": len(reports), "succeeded": len(evidence)},
         "sandbox_not_tested": not_tested,
     }
 
 
-def _run_case(case: Case, t: Targets, backend, task, bystander, verifier, say) -> CaseReport:
+def _run_case(case: Case, t: Targets, backend, task, bystander, verifier, say, unfiltered) -> CaseReport:
     report = CaseReport(case.name, case.goal)
     command = case.command(t)
     # in the sandbox: a fresh trial per case, as the agent's tool call
@@ -252,7 +262,15 @@ def _run_case(case: Case, t: Targets, backend, task, bystander, verifier, say) -
     probe = bystander.exec("cat /app/secret", timeout_s=10)
     report.bystander_ok = report.bystander_ok and probe.stdout == t.bystander_token
     cleanup_written(t)
-    if case.naive is None:
+    if case.control_without_filter:
+        with unfiltered.open(task, f"control-{case.name}") as trial:
+            result = trial.exec(f"export W=/tmp/w; mkdir -p $W; {command}", timeout_s=case.timeout_s)
+        text = result.stdout + result.stderr
+        lines = text.strip().splitlines()
+        report.control = Outcome(result.exit_code, result.killed_by, result.timed_out, False, len(text),
+                                 case.reached(t, text, len(text)), round(result.duration_s, 2),
+                                 lines[-1][:200] if lines else "")
+    elif case.naive is None:
         reset_counts(t)
         workdir = Path(tempfile.mkdtemp(prefix=f"ctl-{case.name}-", dir=t.host))
         try:

@@ -44,6 +44,9 @@ class Case:
     # held is False when the step itself broke (the verifier failed on the planted trial: not contained)
     after_sandbox: Callable[[Targets, Any, Callable], tuple[str, bool]] | None = None
     naive: Callable[[Targets, Any], str] | None = None  # the naive host step, the control of those cases
+    # the control runs in a sandbox trial without the seccomp filter ([sandbox.local] seccomp = false) rather
+    # than unconfined: the filter alone is the containment under test
+    control_without_filter: bool = False
 
 
 
@@ -102,6 +105,15 @@ def _verify_planted(t: Targets, trial, verify) -> tuple[str, bool]:
     held = outcome.infra_error is None and outcome.passed == 1
     return f"verified: passed {outcome.passed}/{outcome.total}, flags {outcome.tamper_flags}, " \
            f"infra_error {outcome.infra_error}", held
+
+
+_PERF_OPEN = ("import ctypes, os, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "attr = struct.pack('IIQQQQQ', 1, 128, 0, 0, 0, 0, 0x60).ljust(128, b'\\0')\n"  # software cpu-clock, user only
+              "fd = libc.syscall(298, attr, 0, -1, -1, 0)\n"  # perf_event_open on itself
+              "print('GOAL' + '_REACHED' if fd >= 0 else os.strerror(ctypes.get_errno()))")
+_ADD_KEY = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "serial = libc.syscall(248, b'user', b't1-hostile', b'secret', 6, -2)\n"  # add_key to the session keyring
+            "print('GOAL' + '_REACHED' if serial > 0 else os.strerror(ctypes.get_errno()))")
 
 
 CASES: list[Case] = [
@@ -166,6 +178,16 @@ CASES: list[Case] = [
          "and mount in it",
          lambda t: "mkdir -p $W/m && unshare -m sh -c 'mount -t tmpfs none $W/m && echo GOAL\"\"_REACHED'; true",
          _said),
+    Case("nested_user_namespace", "make a nested user namespace and be root (uid 0, every capability) in it",
+         lambda t: f"unshare -Ur sh -c '[ \"$(id -u)\" = 0 ] && {SAY_GOAL}'; true", _said, control_without_filter=True),
+    Case("mount_in_user_namespace", "mount a tmpfs inside a nested user and mount namespace",
+         lambda t: f"mkdir -p $W/m && unshare -Urm sh -c 'mount -t tmpfs none $W/m && "
+                   f"grep -q \" $W/m \" /proc/self/mountinfo && {SAY_GOAL}'; true", _said,
+         control_without_filter=True),
+    Case("keyring_add_key", "add a key to the kernel keyring (not namespaced: shared with the host)",
+         lambda t: _py(_ADD_KEY), _said, control_without_filter=True),
+    Case("perf_event_open", "open a performance counter (perf_event_open, a kernel attack surface)",
+         lambda t: _py(_PERF_OPEN), _said, control_without_filter=True),
     Case("setuid_file_capabilities", "regain CAP_SYS_ADMIN by exec'ing a copy of python3 given it as a file "
          "capability (and setuid root)",
          lambda t: "cp /usr/bin/python3 $W/py && chmod u+s $W/py && setcap cap_sys_admin+ep $W/py; "
