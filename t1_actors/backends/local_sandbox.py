@@ -1,7 +1,8 @@
 """The local sandbox backend (embedded default): bubblewrap over a private copy-on-write root per trial.
 
 Each trial's root is an overlayfs stack (see ``_sandbox/layers.py``): the host's system directories at
-the bottom, read-only; the task's environment image above them (the Dockerfile replayed, files and
+the bottom, read-only, under a mask that hides the host's accounts, its secrets in /etc and its /var
+(``_sandbox/hostview.py``); the task's environment image above them (the Dockerfile replayed, files and
 setup; built once per environment and cached); the trial's own upper layer on top, where every write
 lands. The host is never modified; closing a sandbox unmounts it and deletes the upper layer.
 
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from t1_actors.backends._sandbox import cgroups, disk, seccomp
+from t1_actors.backends._sandbox import cgroups, disk, hostview, seccomp
 from t1_actors.backends._sandbox.image import Image, SandboxBuildError, build_image
 from t1_actors.backends._sandbox.interface import BuildReport, ExecResult, Sandbox, SandboxBackend, SandboxInfraError
 from t1_actors.backends._sandbox.layers import Layer, RootStack, make_skeleton, remove_tree, unmount_all
@@ -130,7 +131,8 @@ class LocalSandboxBackend:
         self.trials_dir = self.base / "trials"
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         system_dirs = make_skeleton(self.base / "skeleton")
-        self.base_stack = RootStack(self.base / "skeleton", (), system_dirs)
+        mask = hostview.make_mask(self.base / "masks", system_dirs)  # the host's accounts and secrets hidden
+        self.base_stack = RootStack(self.base / "skeleton", (mask,), system_dirs)
         self._images: dict[str, tuple[Task, Image]] = {}
         self._lock = threading.Lock()
         self._open: dict[str, LocalSandbox] = {}
@@ -173,7 +175,7 @@ class LocalSandboxBackend:
     def open(self, task: Task, trial_id: str) -> LocalSandbox:
         image = self.image(task)
         directory = self.trials_dir / f"{_SAFE.sub('_', trial_id)[:64]}-{secrets.token_hex(4)}"
-        stack = RootStack(self.base_stack.skeleton, (image.layer,), self.base_stack.system_dirs)
+        stack = RootStack(self.base_stack.skeleton, (image.layer, *self.base_stack.layers), self.base_stack.system_dirs)
         try:
             directory.mkdir(parents=True)
             (directory / "owner").write_text(str(os.getpid()))

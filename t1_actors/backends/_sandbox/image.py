@@ -54,12 +54,13 @@ def environment_plan(task: Task) -> BuildPlan:
         raise SandboxBuildError(f"task {task.id}: Dockerfile: {exc}") from exc
 
 
-def image_key(task: Task, plan: BuildPlan, system_dirs: tuple[str, ...]) -> str:
+def image_key(task: Task, plan: BuildPlan, system_dirs: tuple[str, ...], base: tuple[str, ...] = ()) -> str:
+    """``base``: the layers the image is built on (the host's mask), by name."""
     digest = hashlib.sha256()
     environment = task.environment
     digest.update(json.dumps({
         "format": _FORMAT, "dockerfile": environment.dockerfile, "setup": environment.setup,
-        "env": environment.env, "workdir": environment.workdir, "system_dirs": system_dirs,
+        "env": environment.env, "workdir": environment.workdir, "system_dirs": system_dirs, "base": base,
         "files": {path: [spec.mode, hashlib.sha256(spec.data).hexdigest()]
                   for path, spec in sorted(environment.files.items())},
     }, sort_keys=True).encode())
@@ -86,7 +87,7 @@ def build_image(task: Task, store: Path, stack: RootStack, limits: ExecLimits, n
                 seccomp_filter: bool = True) -> Image:
     """The image of ``task``'s environment, from the cache or built now."""
     plan = environment_plan(task)
-    key = image_key(task, plan, stack.system_dirs)
+    key = image_key(task, plan, stack.system_dirs, tuple(layer.path.name for layer in stack.layers))
     final = store / key
     cached = _load(final)
     if cached is not None:
