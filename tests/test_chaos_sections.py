@@ -76,6 +76,21 @@ def test_the_seccomp_filter_contains_what_it_alone_refuses_and_without_it_each_c
     assert open_["sandbox_escapes_succeeded"] == len(SECCOMP_CASES), open_["sandbox_cases"]
 
 
+HOSTVIEW_CASES = ["read_host_shadow", "list_host_accounts", "read_host_var"]
+
+
+def test_the_host_accounts_shadow_and_var_are_not_in_a_trial_and_each_control_reads_them(tmp_path):
+    """The host's /etc/shadow lines, its own accounts, a secret planted under its /var/lib: not visible in a trial
+    (the mask layer); the same command on the host reads each (the host has accounts a base image lacks)."""
+    report = run_hostile(tmp_path, cases=HOSTVIEW_CASES)
+    assert report["sandbox_escapes_succeeded"] == 0 and report["sandbox_not_tested"] == [], report["sandbox_cases"]
+    assert report["sandbox_positive_controls"] == {"tried": 3, "succeeded": 3}
+    for name in HOSTVIEW_CASES:
+        case = report["sandbox_cases"][name]
+        assert case["control"]["goal_reached"] and not case["sandbox"]["goal_reached"], (name, case)
+    assert not list(Path("/var/lib").glob("t1-hostile-*"))  # the planted secret is removed
+
+
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
     return run_hostile(tmp_path_factory.mktemp("hostile"))

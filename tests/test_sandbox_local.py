@@ -285,3 +285,17 @@ def test_an_env_line_reading_path_keeps_the_images_default_path(backend):
                                             "RUN cp /etc/hostname /srv/copied\n", workdir="/srv")
     with backend.open(task, "path1") as sandbox:
         assert sandbox.exec("test -f /srv/copied && echo $PATH").stdout.startswith("/root/.local/bin:/usr/local/sbin:")
+
+
+def test_the_trial_sees_base_image_accounts_locked_shadow_and_a_fresh_var(sandbox):
+    from t1_actors.backends._sandbox.hostview import VAR_KEPT, accounts
+    passwd, _ = accounts()
+    assert sandbox.exec("cat /etc/passwd").stdout == passwd
+    shadow = sandbox.exec("cat /etc/shadow").stdout.splitlines()
+    assert shadow and all(line.split(":")[1] == "*" for line in shadow)
+    assert sandbox.exec("ls /etc/shadow- /etc/passwd- /etc/gshadow- 2>/dev/null | wc -l").stdout == "0\n"
+    assert sandbox.exec("stat -c %a /var/tmp; find /var/tmp /var/log -mindepth 1 | wc -l").stdout == "1777\n0\n"
+    kept = {k.split("/")[1] for k in VAR_KEPT if k.startswith("lib/")}
+    assert set(sandbox.exec("ls /var/lib").stdout.split()) <= kept
+    assert sandbox.exec("dpkg-query -W -f '${Status}' coreutils").stdout == "install ok installed"
+    assert sandbox.exec("useradd -m agent && id -u agent && grep -c agent /etc/passwd").exit_code == 0

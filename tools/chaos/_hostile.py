@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from t1_actors.backends._sandbox.hostview import accounts
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
 from t1_actors.runtime.config import RUN_KEY_ENV
 from t1_actors.tasks.model import Limits, Task
@@ -79,6 +80,18 @@ class CaseReport:
     evidence: bool = False  # the control reached the goal: the case can fail
     outcome: str = ""  # in words: killed by, truncated, refused, ...
 
+
+
+def _host_accounts() -> tuple[list[str], list[str]]:
+    """(the host's account names a base image lacks, the host's /etc/shadow lines the sandbox's own lacks)."""
+    passwd, _ = accounts()
+    base = {line.split(":")[0] for line in passwd.splitlines() if line}
+    names = [line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines() if line.strip()]
+    try:
+        shadow = [line for line in Path("/etc/shadow").read_text().splitlines() if line.strip()]
+    except OSError:
+        shadow = []
+    return [n for n in names if n not in base], [line for line in shadow if line.split(":")[0] not in base]
 
 
 def _unconfined(command: str, workdir: Path, timeout_s: float) -> tuple[int, bytes, int, float]:
@@ -149,6 +162,9 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
     pristine_dir, _ = PristineTests(directory / "verifier" / "tests").materialise(task)
     saved_key = os.environ.get(RUN_KEY_ENV)
     os.environ[RUN_KEY_ENV] = key  # as the sandbox actor holds it
+    var_secret = Path(f"/var/lib/t1-hostile-{token}")  # the host's /var: a secret planted there, removed after
+    var_secret.mkdir(exist_ok=True)
+    (var_secret / "secret").write_text(f"t1-hostile-var-{token}\n")
     marker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", marker_token],
                               env={**os.environ, RUN_KEY_ENV: key}, stdin=subprocess.DEVNULL)
     listeners: list[Listener] = []
@@ -181,7 +197,7 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
         targets = Targets(host, key, key_file, marker_token, marker.pid, pristine_dir / "test_outputs.py",
                            pristine_token, bystander_token, bystander.trial_root.upper.root() / "app" / "secret",
                            backend.trials_dir, listeners[0], listeners[1], listeners[2], outside,
-                           (os.major(dev), os.minor(dev)))
+                           (os.major(dev), os.minor(dev)), *_host_accounts(), f"t1-hostile-var-{token}")
         for case in CASES:
             if (case.name == "network_outside" and outside is None) or (cases is not None and case.name not in cases):
                 continue
@@ -196,6 +212,7 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
         for listener in listeners:
             listener.close()
         Path(f"/var/tmp/t1-hostile-{token}.sock").unlink(missing_ok=True)
+        shutil.rmtree(var_secret, ignore_errors=True)
         if outside is not None:
             outside.close()
         marker.kill()

@@ -125,8 +125,7 @@ CASES: list[Case] = [
     Case("network_host_unix_abstract", "connect to the host's abstract unix socket",
          lambda t: _connect(t.unix_abstract.address.decode("latin-1"), family="AF_UNIX"),
          _accepts(lambda t: t.unix_abstract)),
-    Case("network_host_unix_path", "connect to a host unix socket in /var/tmp (a host directory the sandbox's "
-         "/var stacks on)",
+    Case("network_host_unix_path", "connect to a host unix socket in the host's /var/tmp",
          lambda t: _connect(t.unix_path.address, family="AF_UNIX"), _accepts(lambda t: t.unix_path)),
     Case("write_outside_root", "create a file in the host's /var/tmp, a host scratch dir or the trials' dir",
          lambda t: f"for d in /var/tmp {t.host} {t.trials_dir}; do echo pwned > $d/{_ESCAPE_MARK}; done; true",
@@ -195,6 +194,16 @@ CASES: list[Case] = [
                    + _quote("caps = int(open('/proc/self/status').read().split('CapEff:')[1].split()[0], 16)\n"
                             "print('GOAL' + '_REACHED' if caps >> 21 & 1 else 'no CAP_SYS_ADMIN')"),
          _said),
+    Case("read_host_shadow", "read the host's /etc/shadow (a line of it that a base image lacks)",
+         lambda t: "cat /etc/shadow /etc/shadow- /etc/gshadow; true",
+         lambda t, out, raw: bool(t.host_shadow) and any(line in out.splitlines() for line in t.host_shadow)),
+    Case("list_host_accounts", "list an account of the host's that a base image lacks (/etc/passwd, getent)",
+         lambda t: "cat /etc/passwd /etc/passwd- /etc/group; getent passwd; true",
+         lambda t, out, raw: any(line.startswith(f"{name}:") for line in out.splitlines() for name in t.host_accounts)),
+    Case("read_host_var", "read a secret planted under the host's /var/lib (a host directory /var stacked on)",
+         lambda t: "cat /var/lib/t1-hostile-*/secret; grep -rsh t1-hostile-var /var/lib /var/tmp /var/log 2>&1 "
+                   "| head -3; true",
+         _token(lambda t: t.var_secret_token)),
     Case("symlink_tests_dir", "make the verifier's laying of the pristine tests at /tests land in a host "
          "directory (/tests planted as a symlink to it)",
          lambda t: f"ln -s {t.host}/symlink-target /tests",
