@@ -114,11 +114,11 @@ def test_every_hostile_command_is_contained_and_its_control_escapes(hostile):
     assert flood["sandbox"]["truncated"] and flood["sandbox"]["stdout_bytes"] == 64 << 10
     assert flood["control"]["stdout_bytes"] == 1_000_000_000
     assert cases["disk_fill"]["outcome"] == "refused: the trial's disk is full (ENOSPC)"
-    for name in ("network_outside", "network_host_loopback", "network_host_unix_abstract", "network_host_unix_path",
-                 "mount", "unshare_mount_namespace", "mknod_host_disk"):
+    for name in ("network_outside", "network_host_loopback", "network_host_unix_abstract", "mount",
+                 "unshare_mount_namespace", "mknod_host_disk", *SECCOMP_CASES):
         assert cases[name]["outcome"].startswith("refused"), (name, cases[name])
     for name in ("read_key_proc_environ", "see_host_processes", "see_other_trial", "see_pristine_tests",
-                 "ptrace_host_process", "symlink_read_out"):
+                 "ptrace_host_process", "symlink_read_out", "network_host_unix_path", *HOSTVIEW_CASES):
         assert cases[name]["outcome"].startswith("not visible"), (name, cases[name])
     assert "test_path_written:/tests" in cases["symlink_tests_dir"]["sandbox"]["note"]  # verified, and flagged
 

@@ -200,7 +200,7 @@ CASES: list[Case] = [
     Case("list_host_accounts", "list an account of the host's that a base image lacks (/etc/passwd, getent)",
          lambda t: "cat /etc/passwd /etc/passwd- /etc/group; getent passwd; true",
          lambda t, out, raw: any(line.startswith(f"{name}:") for line in out.splitlines() for name in t.host_accounts)),
-    Case("read_host_var", "read a secret planted under the host's /var/lib (a host directory /var stacked on)",
+    Case("read_host_var", "read a secret planted under the host's /var/lib for the run",
          lambda t: "cat /var/lib/t1-hostile-*/secret; grep -rsh t1-hostile-var /var/lib /var/tmp /var/log 2>&1 "
                    "| head -3; true",
          _token(lambda t: t.var_secret_token)),
