@@ -299,6 +299,13 @@ def test_the_trial_sees_base_image_accounts_locked_shadow_and_a_fresh_var(sandbo
     assert set(sandbox.exec("ls /var/lib").stdout.split()) <= kept
     assert sandbox.exec("dpkg-query -W -f '${Status}' coreutils").stdout == "install ok installed"
     assert sandbox.exec("useradd -m agent && id -u agent && grep -c agent /etc/passwd").exit_code == 0
+    # dpkg still installs (the host's statoverride lines naming the host's accounts would stop it): a local .deb
+    package = ("mkdir -p /tmp/p/DEBIAN /tmp/p/usr/share/t1-probe && echo hi > /tmp/p/usr/share/t1-probe/x && "
+               "printf 'Package: t1-probe\\nVersion: 1\\nArchitecture: all\\nMaintainer: t1\\nDescription: p\\n' "
+               "> /tmp/p/DEBIAN/control && dpkg-deb --build /tmp/p /tmp/p.deb >/dev/null && dpkg -i /tmp/p.deb "
+               ">/dev/null && dpkg-query -W -f '${Status}' t1-probe")
+    result = sandbox.exec(package)
+    assert result.stdout == "install ok installed", result
 
 
 _SYSCALL_PROBE = r"""

@@ -14,7 +14,8 @@ Guarantees (for the host as it was when the backend started; the mask is remade 
   reach package registries); ``/etc/nsswitch.conf`` reads files and DNS only (no host directory service).
 - ``/var`` is a fresh skeleton: ``/var/tmp`` (1777), ``/var/log``, ``/var/spool``, ... empty; of the host's,
   only the package managers' state that ``apt-get`` / ``dpkg`` / ``pip`` need (``VAR_KEPT``), less its
-  non-world-readable files (debconf's passwords, locks).
+  non-world-readable files (debconf's passwords, locks), and dpkg's ``statoverride`` less the lines that
+  name a host account (dpkg would refuse every install over them).
 
 Mechanism: overlayfs whiteouts (0/0 character devices) hide a lower entry, opaque directories
 (``trusted.overlay.opaque``) hide a lower directory's contents. A host entry made after the backend
@@ -126,6 +127,25 @@ def _plan_var() -> list[tuple[str, str, int, int, int, str]]:
                 ops.append((path, _WHITEOUT, 0, 0, 0, ""))
     if os.path.isdir("/var"):
         visit("")
+    ops += _statoverride()
+    return ops
+
+
+def _statoverride() -> list[tuple[str, str, int, int, int, str]]:
+    """dpkg's statoverride less the lines naming an account the trial lacks (dpkg refuses to install anything
+    while one names an unknown user or group; those are the host's: ``ssl-cert``, ``messagebus``)."""
+    path = Path("/var/lib/dpkg/statoverride")
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    passwd, group = accounts()
+    users, groups = set(_names(passwd)), set(_names(group))
+    kept = [line for line in lines if len(line.split()) >= 4 and line.split()[0].lstrip("#") in users
+            and line.split()[1].lstrip("#") in groups]
+    ops = [("lib/dpkg/statoverride", _FILE, 0o644, 0, 0, "".join(line + "\n" for line in kept))]
+    if os.path.lexists("/var/lib/dpkg/statoverride-old"):
+        ops.append(("lib/dpkg/statoverride-old", _WHITEOUT, 0, 0, 0, ""))
     return ops
 
 
