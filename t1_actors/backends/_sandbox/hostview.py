@@ -6,7 +6,8 @@ Guarantees (for the host as it was when the backend started; the mask is remade 
 - ``/etc/passwd`` and ``/etc/group`` list only the accounts of a base Debian image (Debian's static
   ``base-passwd`` table: root, daemon, bin, ..., _apt, nobody; root and nobody alone where that table is
   absent), never the host's own (its users, its services' accounts); ``/etc/shadow`` and ``/etc/gshadow``
-  hold those same accounts, locked (``*``), no host hash; the ``-`` backups and ``subuid``/``subgid`` are gone.
+  hold those same accounts, locked (``*``), no host hash; the ``-`` backups, ``subuid``/``subgid`` and the
+  host's ``machine-id`` are gone; ``/etc/hostname`` is the sandbox's (``sandbox``).
   An image's ``useradd`` adds to these as it would in Docker (its layer sits above the mask).
 - no file of the host's /etc that the host keeps from its other users (not world-readable: SSH host keys,
   ``/etc/ssl/private``, database auth files) is there; such a directory shows empty.
@@ -39,7 +40,7 @@ FALLBACK_GROUP = "root:x:0:\nnogroup:x:65534:\n"
 HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tsandbox\n"
 NSSWITCH = ("passwd: files\ngroup: files\nshadow: files\ngshadow: files\nhosts: files dns\nnetworks: files\n"
             "protocols: files\nservices: files\nethers: files\nrpc: files\nnetgroup: files\n")
-ETC_REMOVED = ("passwd-", "group-", "shadow-", "gshadow-", "subuid", "subgid", "subuid-", "subgid-")
+ETC_REMOVED = ("passwd-", "group-", "shadow-", "gshadow-", "subuid", "subgid", "subuid-", "subgid-", "machine-id")
 VAR_KEPT = ("lib/dpkg", "lib/apt", "lib/ucf", "lib/pam", "lib/python", "lib/sgml-base", "lib/xml-core",
             "lib/shells.state", "lib/misc", "lib/ca-certificates-java", "lib/systemd/deb-systemd-helper-enabled",
             "lib/systemd/deb-systemd-user-helper-enabled", "cache/debconf", "cache/apt", "cache/ldconfig")
@@ -77,7 +78,7 @@ def _plan_etc() -> list[tuple[str, str, int, int, int, str]]:
         ("shadow", _FILE, 0o640, 0, shadow_gid, "".join(f"{n}:*:19000:0:99999:7:::\n" for n in _names(passwd))),
         ("gshadow", _FILE, 0o640, 0, shadow_gid, "".join(f"{n}:*::\n" for n in _names(group))),
         ("hosts", _FILE, 0o644, 0, 0, HOSTS), ("resolv.conf", _FILE, 0o644, 0, 0, resolv),
-        ("nsswitch.conf", _FILE, 0o644, 0, 0, NSSWITCH)]
+        ("nsswitch.conf", _FILE, 0o644, 0, 0, NSSWITCH), ("hostname", _FILE, 0o644, 0, 0, "sandbox\n")]
     laid = {op[0] for op in ops}
     ops += [(name, _WHITEOUT, 0, 0, 0, "") for name in ETC_REMOVED if os.path.lexists(f"/etc/{name}")]
     laid.update(ETC_REMOVED)
