@@ -59,6 +59,38 @@ def test_without_its_own_disk_the_disk_fill_case_escapes(tmp_path):
     assert contained["sandbox_cases"]["disk_fill"]["outcome"].startswith("refused: the trial's disk is full")
 
 
+SECCOMP_CASES = ["nested_user_namespace", "mount_in_user_namespace", "keyring_add_key", "perf_event_open"]
+
+
+def test_the_seccomp_filter_contains_what_it_alone_refuses_and_without_it_each_case_escapes(tmp_path):
+    """Nested namespaces, a mount in one, the kernel keyring, perf: refused (EPERM) under the filter; the same
+    command in a trial with [sandbox.local] seccomp = false reaches its goal (each case's control)."""
+    contained = run_hostile(tmp_path / "on", cases=SECCOMP_CASES)
+    assert contained["sandbox_escapes_succeeded"] == 0 and contained["sandbox_escapes_tried"] == len(SECCOMP_CASES)
+    assert contained["sandbox_not_tested"] == []
+    for name in SECCOMP_CASES:
+        case = contained["sandbox_cases"][name]
+        assert case["evidence"] and case["control"]["goal_reached"] and not case["escaped"], (name, case)
+        assert case["outcome"] == "refused (EPERM)", (name, case)
+    open_ = run_hostile(tmp_path / "off", cases=SECCOMP_CASES, seccomp=False)
+    assert open_["sandbox_escapes_succeeded"] == len(SECCOMP_CASES), open_["sandbox_cases"]
+
+
+HOSTVIEW_CASES = ["read_host_shadow", "list_host_accounts", "read_host_var"]
+
+
+def test_the_host_accounts_shadow_and_var_are_not_in_a_trial_and_each_control_reads_them(tmp_path):
+    """The host's /etc/shadow lines, its own accounts, a secret planted under its /var/lib: not visible in a trial
+    (the mask layer); the same command on the host reads each (the host has accounts a base image lacks)."""
+    report = run_hostile(tmp_path, cases=HOSTVIEW_CASES)
+    assert report["sandbox_escapes_succeeded"] == 0 and report["sandbox_not_tested"] == [], report["sandbox_cases"]
+    assert report["sandbox_positive_controls"] == {"tried": 3, "succeeded": 3}
+    for name in HOSTVIEW_CASES:
+        case = report["sandbox_cases"][name]
+        assert case["control"]["goal_reached"] and not case["sandbox"]["goal_reached"], (name, case)
+    assert not list(Path("/var/lib").glob("t1-hostile-*"))  # the planted secret is removed
+
+
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
     return run_hostile(tmp_path_factory.mktemp("hostile"))
@@ -82,11 +114,11 @@ def test_every_hostile_command_is_contained_and_its_control_escapes(hostile):
     assert flood["sandbox"]["truncated"] and flood["sandbox"]["stdout_bytes"] == 64 << 10
     assert flood["control"]["stdout_bytes"] == 1_000_000_000
     assert cases["disk_fill"]["outcome"] == "refused: the trial's disk is full (ENOSPC)"
-    for name in ("network_outside", "network_host_loopback", "network_host_unix_abstract", "network_host_unix_path",
-                 "mount", "unshare_mount_namespace", "mknod_host_disk"):
+    for name in ("network_outside", "network_host_loopback", "network_host_unix_abstract", "mount",
+                 "unshare_mount_namespace", "mknod_host_disk", *SECCOMP_CASES):
         assert cases[name]["outcome"].startswith("refused"), (name, cases[name])
     for name in ("read_key_proc_environ", "see_host_processes", "see_other_trial", "see_pristine_tests",
-                 "ptrace_host_process", "symlink_read_out"):
+                 "ptrace_host_process", "symlink_read_out", "network_host_unix_path", *HOSTVIEW_CASES):
         assert cases[name]["outcome"].startswith("not visible"), (name, cases[name])
     assert "test_path_written:/tests" in cases["symlink_tests_dir"]["sandbox"]["note"]  # verified, and flagged
 

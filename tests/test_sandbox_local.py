@@ -285,3 +285,75 @@ def test_an_env_line_reading_path_keeps_the_images_default_path(backend):
                                             "RUN cp /etc/hostname /srv/copied\n", workdir="/srv")
     with backend.open(task, "path1") as sandbox:
         assert sandbox.exec("test -f /srv/copied && echo $PATH").stdout.startswith("/root/.local/bin:/usr/local/sbin:")
+
+
+def test_the_trial_sees_base_image_accounts_locked_shadow_and_a_fresh_var(sandbox):
+    from t1_actors.backends._sandbox.hostview import VAR_KEPT, accounts
+    passwd, _ = accounts()
+    assert sandbox.exec("cat /etc/passwd").stdout == passwd
+    shadow = sandbox.exec("cat /etc/shadow").stdout.splitlines()
+    assert shadow and all(line.split(":")[1] == "*" for line in shadow)
+    assert sandbox.exec("ls /etc/shadow- /etc/passwd- /etc/gshadow- 2>/dev/null | wc -l").stdout == "0\n"
+    assert sandbox.exec("stat -c %a /var/tmp; find /var/tmp /var/log -mindepth 1 | wc -l").stdout == "1777\n0\n"
+    kept = {k.split("/")[1] for k in VAR_KEPT if k.startswith("lib/")}
+    assert set(sandbox.exec("ls /var/lib").stdout.split()) <= kept
+    assert sandbox.exec("dpkg-query -W -f '${Status}' coreutils").stdout == "install ok installed"
+    assert sandbox.exec("useradd -m agent && id -u agent && grep -c agent /etc/passwd").exit_code == 0
+    # dpkg still installs (the host's statoverride lines naming the host's accounts would stop it): a local .deb
+    package = ("mkdir -p /tmp/p/DEBIAN /tmp/p/usr/share/t1-probe && echo hi > /tmp/p/usr/share/t1-probe/x && "
+               "printf 'Package: t1-probe\\nVersion: 1\\nArchitecture: all\\nMaintainer: t1\\nDescription: p\\n' "
+               "> /tmp/p/DEBIAN/control && dpkg-deb --build /tmp/p /tmp/p.deb >/dev/null && dpkg -i /tmp/p.deb "
+               ">/dev/null && dpkg-query -W -f '${Status}' t1-probe")
+    result = sandbox.exec(package)
+    assert result.stdout == "install ok installed", result
+
+
+_SYSCALL_PROBE = r"""
+import ctypes, os, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def call(nr, *args):
+    ret = libc.syscall(nr, *args)
+    return "ok" if ret >= 0 else os.strerror(ctypes.get_errno())
+out = {
+    "clone3": call(435, None, 0),
+    "x32_getpid": call(0x40000000 | 39),
+    "io_uring_setup": call(425, 1, ctypes.create_string_buffer(120)),
+    "personality_query": call(135, ctypes.c_ulong(0xFFFFFFFF)),
+    "personality_no_aslr": call(135, ctypes.c_ulong(0x0040000)),
+    "vsock": call(41, 40, 1, 0),
+}
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+out["fork"] = "ok" if os.waitpid(pid, 0)[1] >> 8 == 7 else "failed"
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+out["thread"] = "ok"
+for key, value in sorted(out.items()):
+    print(key, value.replace(" ", "_"))
+"""
+
+
+def _probe(sandbox) -> dict[str, str]:
+    sandbox.write_file("/tmp/probe.py", _SYSCALL_PROBE.encode())
+    result = sandbox.exec("python3 /tmp/probe.py")
+    assert result.exit_code == 0, result
+    return dict(line.split() for line in result.stdout.splitlines())
+
+
+def test_the_seccomp_filter_refuses_what_docker_refuses_and_lets_fork_threads_and_queries_through(sandbox, tmp_path):
+    """clone3 answers ENOSYS (glibc falls back to clone), another architecture's call, io_uring, a personality
+    without ASLR and AF_VSOCK are refused; fork, threads and the personality query work. Control: with
+    ``seccomp = false`` each refused call is answered otherwise (by the kernel)."""
+    seen = _probe(sandbox)
+    assert seen == {"clone3": "Function_not_implemented", "x32_getpid": "Operation_not_permitted",
+                    "io_uring_setup": "Operation_not_permitted", "personality_query": "ok",
+                    "personality_no_aslr": "Operation_not_permitted", "vsock": "Operation_not_permitted",
+                    "fork": "ok", "thread": "ok"}, seen
+    unfiltered = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(tmp_path / "sb"), seccomp=False, disk_mb=0))
+    try:
+        with unfiltered.open(make_task(), "unfiltered") as trial:
+            control = _probe(trial)
+    finally:
+        unfiltered.close()
+    refused = [key for key, value in seen.items() if value != "ok"]
+    assert refused and all(control[key] != seen[key] for key in refused), (seen, control)

@@ -1,13 +1,15 @@
 """The local sandbox backend (embedded default): bubblewrap over a private copy-on-write root per trial.
 
 Each trial's root is an overlayfs stack (see ``_sandbox/layers.py``): the host's system directories at
-the bottom, read-only; the task's environment image above them (the Dockerfile replayed, files and
+the bottom, read-only, under a mask that hides the host's accounts, its secrets in /etc and its /var
+(``_sandbox/hostview.py``); the task's environment image above them (the Dockerfile replayed, files and
 setup; built once per environment and cached); the trial's own upper layer on top, where every write
 lands. The host is never modified; closing a sandbox unmounts it and deletes the upper layer.
 
 Each tool call runs in ``bwrap`` with fresh pid/ipc/uts/net namespaces (no network during the agent's
 turns; build steps get the host's, as a Docker build would), Docker's default capabilities less
-CAP_MKNOD, and its own cgroup: memory and process caps and a kill switch for the whole tree at the
+CAP_MKNOD, a system-call filter like Docker's default seccomp profile (``_sandbox/seccomp.py``;
+``seccomp = false`` turns it off), and its own cgroup: memory and process caps and a kill switch for the whole tree at the
 wall-clock timeout; rlimits cap CPU seconds (timeout x the task's ``cpus``) and file size; output is
 capped per stream and flagged when truncated. Processes do not outlive their tool call (the pid namespace ends with it).
 The trial's upper layer lives on its own disk (``_sandbox/disk.py``: a sparse ext4 image of ``disk_mb``,
@@ -39,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from t1_actors.backends._sandbox import cgroups, disk
+from t1_actors.backends._sandbox import cgroups, disk, hostview, seccomp
 from t1_actors.backends._sandbox.image import Image, SandboxBuildError, build_image
 from t1_actors.backends._sandbox.interface import BuildReport, ExecResult, Sandbox, SandboxBackend, SandboxInfraError
 from t1_actors.backends._sandbox.layers import Layer, RootStack, make_skeleton, remove_tree, unmount_all
@@ -68,6 +70,9 @@ class LocalSandboxConfig(BaseModel):
                                                  "(sparse); 0: on the host's disk, uncapped")
     build_network: bool = Field(True, description="Dockerfile RUN / setup steps may reach package registries")
     build_memory_mb: int = Field(4096, gt=0, description="memory cap of one environment build step")
+    seccomp: bool = Field(True, description="every command and build step under a system-call filter like "
+                                            "Docker's default profile (no namespaces, mounts, keyrings, bpf, "
+                                            "perf, modules; _sandbox/seccomp.py); false: none")
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,8 @@ class LocalSandboxBackend:
         if problem:
             raise SandboxInfraError(f"local sandbox needs per-command cgroups: {problem}")
         bwrap_path()
+        if self.config.seccomp:
+            seccomp.compiled()  # fails here, naming the key, when libseccomp or pyseccomp is missing
         if self.config.disk_mb and (problem := disk.available()):
             raise SandboxInfraError(f"per-trial disks ([sandbox.local] disk_mb = {self.config.disk_mb}): {problem}; "
                                     f"set disk_mb = 0 to write on the host's disk, uncapped")
@@ -124,7 +131,8 @@ class LocalSandboxBackend:
         self.trials_dir = self.base / "trials"
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         system_dirs = make_skeleton(self.base / "skeleton")
-        self.base_stack = RootStack(self.base / "skeleton", (), system_dirs)
+        mask = hostview.make_mask(self.base / "masks", system_dirs)  # the host's accounts and secrets hidden
+        self.base_stack = RootStack(self.base / "skeleton", (mask,), system_dirs)
         self._images: dict[str, tuple[Task, Image]] = {}
         self._lock = threading.Lock()
         self._open: dict[str, LocalSandbox] = {}
@@ -158,7 +166,8 @@ class LocalSandboxBackend:
         limits = task.limits
         build_limits = ExecLimits(limits.build_timeout_s, self.config.build_memory_mb << 20, self.config.pids_max,
                                   max(limits.cpus, 1.0), self.config.file_size_mb << 20, 64 << 10)
-        image = build_image(task, self.base / "images", self.base_stack, build_limits, self.config.build_network)
+        image = build_image(task, self.base / "images", self.base_stack, build_limits, self.config.build_network,
+                            seccomp_filter=self.config.seccomp)
         with self._lock:
             self._images[task.id] = (task, image)  # the same Task object skips re-hashing its build context
         return image
@@ -166,7 +175,7 @@ class LocalSandboxBackend:
     def open(self, task: Task, trial_id: str) -> LocalSandbox:
         image = self.image(task)
         directory = self.trials_dir / f"{_SAFE.sub('_', trial_id)[:64]}-{secrets.token_hex(4)}"
-        stack = RootStack(self.base_stack.skeleton, (image.layer,), self.base_stack.system_dirs)
+        stack = RootStack(self.base_stack.skeleton, (image.layer, *self.base_stack.layers), self.base_stack.system_dirs)
         try:
             directory.mkdir(parents=True)
             (directory / "owner").write_text(str(os.getpid()))
@@ -258,7 +267,8 @@ class LocalSandbox:
         if not self._files.is_dir(workdir):  # the agent removed it: start in / (bwrap would refuse to chdir)
             workdir = "/"
         result = run_in_root(self.root, ["/bin/sh", "-c", command], env=self.trial_root.env, workdir=workdir,
-                             limits=self.limits(timeout_s), network=network, name=self.directory.name)
+                             limits=self.limits(timeout_s), network=network, name=self.directory.name,
+                             seccomp_filter=self.backend.config.seccomp)
         if (result.exit_code != 0 and result.killed_by is None and self.backend.config.disk_mb
                 and disk.disk_full(self.directory / disk.MOUNTPOINT, result.stderr)):
             result = dataclasses.replace(result, killed_by="disk")  # it failed with the trial's disk full

@@ -10,7 +10,9 @@ attacker's sandbox stops serving after it.
 
 Every case is also its own **positive control**: the same command, run unconfined (a plain subprocess on
 the host, as root, in a host scratch directory), must reach the same goal; for the symlink cases the
-sandbox runs the command and a naive host-side reader or copier stands in for the verifier. A case whose
+sandbox runs the command and a naive host-side reader or copier stands in for the verifier; for the cases
+that only the seccomp filter contains (nested namespaces, keyrings, perf) the control is the same command in a
+trial of the sandbox without the filter (``[sandbox.local] seccomp = false``). A case whose
 control does not reach its goal proves nothing: it is not counted in ``sandbox_escapes_tried`` and is
 reported under ``not_tested`` with the reason. Resource cases are bounded so that the unconfined control
 is safe on a shared machine: the fork bomb doubles up to 4x the sandbox's process cap, the memory hog asks
@@ -33,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from t1_actors.backends._sandbox.hostview import accounts
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig
 from t1_actors.runtime.config import RUN_KEY_ENV
 from t1_actors.tasks.model import Limits, Task
@@ -79,6 +82,18 @@ class CaseReport:
 
 
 
+def _host_accounts() -> tuple[list[str], list[str]]:
+    """(the host's account names a base image lacks, the host's /etc/shadow lines the sandbox's own lacks)."""
+    passwd, _ = accounts()
+    base = {line.split(":")[0] for line in passwd.splitlines() if line}
+    names = [line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines() if line.strip()]
+    try:
+        shadow = [line for line in Path("/etc/shadow").read_text().splitlines() if line.strip()]
+    except OSError:
+        shadow = []
+    return [n for n in names if n not in base], [line for line in shadow if line.split(":")[0] not in base]
+
+
 def _unconfined(command: str, workdir: Path, timeout_s: float) -> tuple[int, bytes, int, float]:
     """The control: the command as a plain subprocess on the host, as this user (root), no sandbox. Output is
     counted as it streams (1 GB is counted, not held); the first 1 MB is kept for the goal's check."""
@@ -120,9 +135,10 @@ def _describe(result, seen: str) -> str:
 
 
 def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: list[str] | None = None,
-                disk_mb: int = DISK_MB) -> dict[str, Any]:
+                disk_mb: int = DISK_MB, seccomp: bool = True) -> dict[str, Any]:
     """Run every case (or those named in ``cases``) in a sandbox and unconfined; returns the report's section
-    (see the module docstring). ``disk_mb``: the attacker's per-trial disk (0: none, as before it existed)."""
+    (see the module docstring). ``disk_mb``: the attacker's per-trial disk (0: none, as before it existed);
+    ``seccomp``: the attacker's sandbox under the system-call filter (False: without, as before it existed)."""
     from t1_actors.verify.engine import PristineTests, Verifier, VerifierConfig  # noqa: PLC0415 - keeps chaos free of torch until this section runs (1.3 s)
 
     owned = directory is None
@@ -146,12 +162,16 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
     pristine_dir, _ = PristineTests(directory / "verifier" / "tests").materialise(task)
     saved_key = os.environ.get(RUN_KEY_ENV)
     os.environ[RUN_KEY_ENV] = key  # as the sandbox actor holds it
+    var_secret = Path(f"/var/lib/t1-hostile-{token}")  # the host's /var: a secret planted there, removed after
+    var_secret.mkdir(exist_ok=True)
+    (var_secret / "secret").write_text(f"t1-hostile-var-{token}\n")
     marker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", marker_token],
                               env={**os.environ, RUN_KEY_ENV: key}, stdin=subprocess.DEVNULL)
     listeners: list[Listener] = []
     not_tested: list[dict[str, str]] = []
     outside = None
     backend = None
+    unfiltered = None
     verifier = None
     reports: list[CaseReport] = []
     try:
@@ -164,7 +184,11 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
             not_tested.append({"key": "sandbox:network_outside",
                                "reason": f"no outside address could be made here (a netns and a veth pair): {exc}"})
         backend = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(directory / "sandbox"), pids_max=PIDS_MAX,
-                                                         file_size_mb=FILE_SIZE_MB, disk_mb=disk_mb))
+                                                         file_size_mb=FILE_SIZE_MB, disk_mb=disk_mb,
+                                                         seccomp=seccomp))
+        unfiltered = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(directory / "sandbox-unfiltered"),
+                                                            pids_max=PIDS_MAX, file_size_mb=FILE_SIZE_MB,
+                                                            disk_mb=disk_mb, seccomp=False))
         verifier = Verifier(VerifierConfig(base_dir=str(directory / "verifier"), memory_mb=512))
         bystander = backend.open(task, "bystander")
         bystander_token = f"bystander-{token}"
@@ -173,20 +197,22 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
         targets = Targets(host, key, key_file, marker_token, marker.pid, pristine_dir / "test_outputs.py",
                            pristine_token, bystander_token, bystander.trial_root.upper.root() / "app" / "secret",
                            backend.trials_dir, listeners[0], listeners[1], listeners[2], outside,
-                           (os.major(dev), os.minor(dev)))
+                           (os.major(dev), os.minor(dev)), *_host_accounts(), f"t1-hostile-var-{token}")
         for case in CASES:
             if (case.name == "network_outside" and outside is None) or (cases is not None and case.name not in cases):
                 continue
-            reports.append(_run_case(case, targets, backend, task, bystander, verifier, say))
+            reports.append(_run_case(case, targets, backend, task, bystander, verifier, say, unfiltered))
         bystander.close()
     finally:
         if verifier is not None:
             verifier.close()
-        if backend is not None:
-            backend.close()
+        for opened in (backend, unfiltered):
+            if opened is not None:
+                opened.close()
         for listener in listeners:
             listener.close()
         Path(f"/var/tmp/t1-hostile-{token}.sock").unlink(missing_ok=True)
+        shutil.rmtree(var_secret, ignore_errors=True)
         if outside is not None:
             outside.close()
         marker.kill()
@@ -211,13 +237,14 @@ def run_hostile(directory: Path | None = None, *, say=lambda line: None, cases: 
                                    "attacker_serving": r.attacker_serving,
                                    "sandbox": asdict(r.sandbox), "control": asdict(r.control)} for r in reports},
         "sandbox_limits": {"pids_max": PIDS_MAX, "memory_mb": MEMORY_MB, "file_size_mb": FILE_SIZE_MB,
-                           "disk_mb": disk_mb, "max_output_bytes": MAX_OUTPUT, "command_timeout_s": COMMAND_TIMEOUT_S},
+                           "disk_mb": disk_mb, "seccomp": seccomp,
+                           "max_output_bytes": MAX_OUTPUT, "command_timeout_s": COMMAND_TIMEOUT_S},
         "sandbox_positive_controls": {"tried": len(reports), "succeeded": len(evidence)},
         "sandbox_not_tested": not_tested,
     }
 
 
-def _run_case(case: Case, t: Targets, backend, task, bystander, verifier, say) -> CaseReport:
+def _run_case(case: Case, t: Targets, backend, task, bystander, verifier, say, unfiltered) -> CaseReport:
     report = CaseReport(case.name, case.goal)
     command = case.command(t)
     # in the sandbox: a fresh trial per case, as the agent's tool call
@@ -252,7 +279,15 @@ def _run_case(case: Case, t: Targets, backend, task, bystander, verifier, say) -
     probe = bystander.exec("cat /app/secret", timeout_s=10)
     report.bystander_ok = report.bystander_ok and probe.stdout == t.bystander_token
     cleanup_written(t)
-    if case.naive is None:
+    if case.control_without_filter:
+        with unfiltered.open(task, f"control-{case.name}") as trial:
+            result = trial.exec(f"export W=/tmp/w; mkdir -p $W; {command}", timeout_s=case.timeout_s)
+        text = result.stdout + result.stderr
+        lines = text.strip().splitlines()
+        report.control = Outcome(result.exit_code, result.killed_by, result.timed_out, False, len(text),
+                                 case.reached(t, text, len(text)), round(result.duration_s, 2),
+                                 lines[-1][:200] if lines else "")
+    elif case.naive is None:
         reset_counts(t)
         workdir = Path(tempfile.mkdtemp(prefix=f"ctl-{case.name}-", dir=t.host))
         try:

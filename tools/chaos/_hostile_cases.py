@@ -44,6 +44,9 @@ class Case:
     # held is False when the step itself broke (the verifier failed on the planted trial: not contained)
     after_sandbox: Callable[[Targets, Any, Callable], tuple[str, bool]] | None = None
     naive: Callable[[Targets, Any], str] | None = None  # the naive host step, the control of those cases
+    # the control runs in a sandbox trial without the seccomp filter ([sandbox.local] seccomp = false) rather
+    # than unconfined: the filter alone is the containment under test
+    control_without_filter: bool = False
 
 
 
@@ -104,6 +107,15 @@ def _verify_planted(t: Targets, trial, verify) -> tuple[str, bool]:
            f"infra_error {outcome.infra_error}", held
 
 
+_PERF_OPEN = ("import ctypes, os, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "attr = struct.pack('IIQQQQQ', 1, 128, 0, 0, 0, 0, 0x60).ljust(128, b'\\0')\n"  # software cpu-clock, user only
+              "fd = libc.syscall(298, attr, 0, -1, -1, 0)\n"  # perf_event_open on itself
+              "print('GOAL' + '_REACHED' if fd >= 0 else os.strerror(ctypes.get_errno()))")
+_ADD_KEY = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "serial = libc.syscall(248, b'user', b't1-hostile', b'secret', 6, -2)\n"  # add_key to the session keyring
+            "print('GOAL' + '_REACHED' if serial > 0 else os.strerror(ctypes.get_errno()))")
+
+
 CASES: list[Case] = [
     Case("network_outside", "connect to an address outside the machine's loopback (a listener in a netns of "
          "our own, across a veth pair)",
@@ -113,8 +125,7 @@ CASES: list[Case] = [
     Case("network_host_unix_abstract", "connect to the host's abstract unix socket",
          lambda t: _connect(t.unix_abstract.address.decode("latin-1"), family="AF_UNIX"),
          _accepts(lambda t: t.unix_abstract)),
-    Case("network_host_unix_path", "connect to a host unix socket in /var/tmp (a host directory the sandbox's "
-         "/var stacks on)",
+    Case("network_host_unix_path", "connect to a host unix socket in the host's /var/tmp",
          lambda t: _connect(t.unix_path.address, family="AF_UNIX"), _accepts(lambda t: t.unix_path)),
     Case("write_outside_root", "create a file in the host's /var/tmp, a host scratch dir or the trials' dir",
          lambda t: f"for d in /var/tmp {t.host} {t.trials_dir}; do echo pwned > $d/{_ESCAPE_MARK}; done; true",
@@ -166,6 +177,16 @@ CASES: list[Case] = [
          "and mount in it",
          lambda t: "mkdir -p $W/m && unshare -m sh -c 'mount -t tmpfs none $W/m && echo GOAL\"\"_REACHED'; true",
          _said),
+    Case("nested_user_namespace", "make a nested user namespace and be root (uid 0, every capability) in it",
+         lambda t: f"unshare -Ur sh -c '[ \"$(id -u)\" = 0 ] && {SAY_GOAL}'; true", _said, control_without_filter=True),
+    Case("mount_in_user_namespace", "mount a tmpfs inside a nested user and mount namespace",
+         lambda t: f"mkdir -p $W/m && unshare -Urm sh -c 'mount -t tmpfs none $W/m && "
+                   f"grep -q \" $W/m \" /proc/self/mountinfo && {SAY_GOAL}'; true", _said,
+         control_without_filter=True),
+    Case("keyring_add_key", "add a key to the kernel keyring (not namespaced: shared with the host)",
+         lambda t: _py(_ADD_KEY), _said, control_without_filter=True),
+    Case("perf_event_open", "open a performance counter (perf_event_open, a kernel attack surface)",
+         lambda t: _py(_PERF_OPEN), _said, control_without_filter=True),
     Case("setuid_file_capabilities", "regain CAP_SYS_ADMIN by exec'ing a copy of python3 given it as a file "
          "capability (and setuid root)",
          lambda t: "cp /usr/bin/python3 $W/py && chmod u+s $W/py && setcap cap_sys_admin+ep $W/py; "
@@ -173,6 +194,16 @@ CASES: list[Case] = [
                    + _quote("caps = int(open('/proc/self/status').read().split('CapEff:')[1].split()[0], 16)\n"
                             "print('GOAL' + '_REACHED' if caps >> 21 & 1 else 'no CAP_SYS_ADMIN')"),
          _said),
+    Case("read_host_shadow", "read the host's /etc/shadow (a line of it that a base image lacks)",
+         lambda t: "cat /etc/shadow /etc/shadow- /etc/gshadow; true",
+         lambda t, out, raw: bool(t.host_shadow) and any(line in out.splitlines() for line in t.host_shadow)),
+    Case("list_host_accounts", "list an account of the host's that a base image lacks (/etc/passwd, getent)",
+         lambda t: "cat /etc/passwd /etc/passwd- /etc/group; getent passwd; true",
+         lambda t, out, raw: any(line.startswith(f"{name}:") for line in out.splitlines() for name in t.host_accounts)),
+    Case("read_host_var", "read a secret planted under the host's /var/lib for the run",
+         lambda t: "cat /var/lib/t1-hostile-*/secret; grep -rsh t1-hostile-var /var/lib /var/tmp /var/log 2>&1 "
+                   "| head -3; true",
+         _token(lambda t: t.var_secret_token)),
     Case("symlink_tests_dir", "make the verifier's laying of the pristine tests at /tests land in a host "
          "directory (/tests planted as a symlink to it)",
          lambda t: f"ln -s {t.host}/symlink-target /tests",

@@ -113,6 +113,9 @@ class Targets:
     unix_abstract: Listener
     outside: OutsideHost | None
     root_device: tuple[int, int]
+    host_accounts: list[str]  # the host's accounts that a base image lacks (its users, its services')
+    host_shadow: list[str]  # lines of the host's /etc/shadow that the sandbox's own (locked base accounts) lacks
+    var_secret_token: str  # in a file planted under the host's /var/lib for the run
     counts: dict[str, int] = field(default_factory=dict)  # listener accepts before the current run
 
 

@@ -54,12 +54,13 @@ def environment_plan(task: Task) -> BuildPlan:
         raise SandboxBuildError(f"task {task.id}: Dockerfile: {exc}") from exc
 
 
-def image_key(task: Task, plan: BuildPlan, system_dirs: tuple[str, ...]) -> str:
+def image_key(task: Task, plan: BuildPlan, system_dirs: tuple[str, ...], base: tuple[str, ...] = ()) -> str:
+    """``base``: the layers the image is built on (the host's mask), by name."""
     digest = hashlib.sha256()
     environment = task.environment
     digest.update(json.dumps({
         "format": _FORMAT, "dockerfile": environment.dockerfile, "setup": environment.setup,
-        "env": environment.env, "workdir": environment.workdir, "system_dirs": system_dirs,
+        "env": environment.env, "workdir": environment.workdir, "system_dirs": system_dirs, "base": base,
         "files": {path: [spec.mode, hashlib.sha256(spec.data).hexdigest()]
                   for path, spec in sorted(environment.files.items())},
     }, sort_keys=True).encode())
@@ -82,10 +83,11 @@ def _hash_tree(path: Path, digest) -> None:
         digest.update(path.read_bytes())
 
 
-def build_image(task: Task, store: Path, stack: RootStack, limits: ExecLimits, network: bool) -> Image:
+def build_image(task: Task, store: Path, stack: RootStack, limits: ExecLimits, network: bool, *,
+                seccomp_filter: bool = True) -> Image:
     """The image of ``task``'s environment, from the cache or built now."""
     plan = environment_plan(task)
-    key = image_key(task, plan, stack.system_dirs)
+    key = image_key(task, plan, stack.system_dirs, tuple(layer.path.name for layer in stack.layers))
     final = store / key
     cached = _load(final)
     if cached is not None:
@@ -99,7 +101,7 @@ def build_image(task: Task, store: Path, stack: RootStack, limits: ExecLimits, n
         scratch = store / f"{key}.building-{os.getpid()}"
         remove_tree(scratch)
         try:
-            image = _build(task, plan, key, scratch, stack, limits, network)
+            image = _build(task, plan, key, scratch, stack, limits, network, seccomp_filter)
             (scratch / "layer" / "meta.json").write_text(json.dumps(
                 {"env": image.env, "workdir": image.workdir, "report": asdict(image.report)}))
             os.rename(scratch / "layer", final)
@@ -138,7 +140,7 @@ def _build_files_only(task: Task, key: str, scratch: Path, stack: RootStack) -> 
 
 
 def _build(task: Task, plan: BuildPlan, key: str, scratch: Path, stack: RootStack, limits: ExecLimits,
-           network: bool) -> Image:
+           network: bool, seccomp_filter: bool) -> Image:
     if _files_only(task, plan, stack.system_dirs):
         return _build_files_only(task, key, scratch, stack)
     start = time.monotonic()
@@ -161,7 +163,7 @@ def _build(task: Task, plan: BuildPlan, key: str, scratch: Path, stack: RootStac
         step_limits = ExecLimits(left, limits.memory_bytes, limits.pids, limits.cpus, limits.file_size_bytes,
                                  limits.max_output_bytes)
         result = run_in_root(merged, list(argv), env=step_env, workdir=workdir, limits=step_limits,
-                             network=network, name=f"build-{key[:12]}", stdin=stdin)
+                             network=network, name=f"build-{key[:12]}", stdin=stdin, seccomp_filter=seccomp_filter)
         if result.exit_code != 0:
             tail = (result.stderr or result.stdout)[-800:]
             raise SandboxBuildError(f"task {task.id}: {what} exited {result.exit_code}"

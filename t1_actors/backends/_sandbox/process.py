@@ -49,12 +49,15 @@ class _Stream:
 
 
 def run_captured(argv: list[str], *, env: dict[str, str], timeout_s: float, max_output_bytes: int,
-                 kill: Callable[[], None], stdin: bytes | None = None, cwd: str | None = None) -> Captured:
-    """Run ``argv``; ``kill`` must end it and every descendant (a cgroup kill). Exit code 128+N for signal N."""
+                 kill: Callable[[], None], stdin: bytes | None = None, cwd: str | None = None,
+                 pass_fds: tuple[int, ...] = ()) -> Captured:
+    """Run ``argv``; ``kill`` must end it and every descendant (a cgroup kill). Exit code 128+N for signal N.
+    ``pass_fds``: descriptors the command inherits, at the same numbers."""
     start = time.monotonic()
     deadline = start + timeout_s
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            pass_fds=pass_fds)
     streams = {proc.stdout.fileno(): _Stream(max_output_bytes), proc.stderr.fileno(): _Stream(max_output_bytes)}
     timed_out = False
     with selectors.DefaultSelector() as selector:
