@@ -65,14 +65,14 @@ def local_sglang(config, policy_dir: str | Path, run_dir: str | Path) -> Iterato
                                   log_path=directory / "server.log", start_timeout_s=sampler.sglang_start_timeout_s)
 
     server = start(Path(policy_dir), 0, None)
-    (directory / "engine.json").write_text(json.dumps(
-        {**server.engine.__dict__, "url": server.url, "started_s": round(server.started_s, 1),
-         "context_length": context_length, "max_concurrent": concurrent}, indent=2))
     watch = ServerWatch(server, lambda version, port: start(weights_dir(run_dir, version), version, port),
                         latest=lambda: max(published_versions(run_dir), default=0),
                         journal=directory / "restarts.jsonl", limit=sampler.sglang_restart_limit,
                         backoff_s=sampler.sglang_restart_backoff_s)
-    with watch:
+    with watch:  # from here on the server is stopped whatever happens, as the earlier `with` server did
+        (directory / "engine.json").write_text(json.dumps(
+            {**server.engine.__dict__, "url": server.url, "started_s": round(server.started_s, 1),
+             "context_length": context_length, "max_concurrent": concurrent}, indent=2))
         yield with_sampler_url(config, server.url)
 
 
