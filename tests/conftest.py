@@ -1,8 +1,16 @@
-"""Fixtures shared across test modules."""
+"""Fixtures shared across test modules, and how the suite shares the machine.
+
+The suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``, pyproject's addopts; ``-n 0`` runs it in
+one process). A test module is one work unit, so its module-scoped fixtures (a campaign each) run once; the
+modules that read the session's ``quick_campaign`` are one unit, so it runs once too. A test marked ``alone``
+(and every ``netns`` test) runs with no other test at the same time: its assertions time heartbeats and outages,
+and two namespace tests would share bridge names."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -16,15 +24,85 @@ SGLANG_SETUP_STATUS = "T1_SGLANG_SETUP_STATUS"
 SGLANG_SETUP_TIMEOUT_S = 1800
 
 
+# the work units that take longest go first (longest first balances two workers); minutes each on 2 cores
+FIRST = ("quick_campaign", "test_campaign_qwen3", "test_chaos")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "sglang_venv: needs the SGLang venv of .ci/setup-sglang")
+    config.addinivalue_line("markers", "alone: runs with no other test at the same time (under pytest-xdist)")
+
+
+def _work_unit(item, quick_modules: set[str]) -> str:
+    module = item.module.__name__
+    return "quick_campaign" if module in quick_modules else module
 
 
 def pytest_collection_modifyitems(config, items):
-    """While .ci/run installs the SGLang venv beside the tests, the tests that need it run last (the order
-    is otherwise kept): the install overlaps everything else instead of delaying it."""
-    if os.environ.get(SGLANG_SETUP_STATUS):
-        items.sort(key=lambda item: item.get_closest_marker("sglang_venv") is not None)
+    """Each test joins its work unit (an ``xdist_group``: its module, or ``quick_campaign`` for every module
+    that reads that run), the longest units first. While .ci/run installs the SGLang venv beside the tests, the
+    tests that need it run last: the install overlaps everything else instead of delaying it."""
+    quick_modules = {item.module.__name__ for item in items if "quick_campaign" in item.fixturenames}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_work_unit(item, quick_modules)))
+
+    def order(item) -> tuple[bool, int]:
+        unit = _work_unit(item, quick_modules)
+        sglang = bool(os.environ.get(SGLANG_SETUP_STATUS)) and item.get_closest_marker("sglang_venv") is not None
+        return sglang, FIRST.index(unit) if unit in FIRST else len(FIRST)
+
+    items.sort(key=order)  # stable: the order within a unit is kept
+
+
+class _MachineShare:
+    """A readers-writer lock over the workers of one run: a test ``alone`` holds it exclusively (kept across
+    consecutive ``alone`` tests of one worker), every other test shared. The gate keeps an ``alone`` test from
+    waiting forever: once it asks, no new test starts on another worker."""
+
+    def __init__(self) -> None:
+        self.files: tuple | None = None  # (gate, lock) while this worker holds the lock
+        self.exclusive = False
+
+    def acquire(self, config, alone: bool) -> None:
+        if self.files is not None and self.exclusive == alone:
+            return  # held since the previous test, the same way
+        self.release()
+        run = getattr(config, "workerinput", {}).get("testrunuid")
+        if run is None:  # one process: nothing runs beside this test
+            return
+        base = Path(tempfile.gettempdir()) / f"t1-pytest-{run}"
+        gate, lock = open(f"{base}.gate", "a+"), open(f"{base}.lock", "a+")  # held across tests
+        fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        self.files, self.exclusive = (gate, lock), alone
+
+    def release(self) -> None:
+        if self.files is not None:
+            for file in reversed(self.files):
+                fcntl.flock(file, fcntl.LOCK_UN)
+                file.close()
+            self.files = None
+
+
+_share = _MachineShare()
+
+
+def _alone(item) -> bool:
+    return item.get_closest_marker("alone") is not None or item.get_closest_marker("netns") is not None
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Setup, call and teardown of each test under the machine share (the wait is outside pytest-timeout's); a
+    worker's exclusive hold lasts while its next test is ``alone`` too, a shared one only for the test."""
+    _share.acquire(item.config, _alone(item))
+    try:
+        yield
+    finally:
+        if not (_share.exclusive and nextitem is not None and _alone(nextitem)):
+            _share.release()
 
 
 @pytest.hookimpl(tryfirst=True)

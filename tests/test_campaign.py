@@ -184,7 +184,9 @@ def hostile_run(tmp_path_factory, quick_campaign):
         if spec["role"] == "sampler":
             spec["actor_class"] = "slow_sampler:SlowSampler"
     config = micro_config(tmp, actors=actors, staleness={"batch_size": 4, "max_staleness": 0, "oversample": 1.0},
-                          campaign={"rl_seconds": 75, "rl_steps": 12, "warm_start_from": str(quick_campaign.run_dir)},
+                          # four steps: drops (lag 1 > 0) follow every step from the first on, and the learner
+                          # is killed after the first; rl_seconds only bounds them
+                          campaign={"rl_seconds": 300, "rl_steps": 4, "warm_start_from": str(quick_campaign.run_dir)},
                           eval={"sft_passes": "warm_start"})
     process = launch(config, run_dir, with_tests_on_path())
     killed = None

@@ -72,7 +72,7 @@ def _learner_steps(url: str) -> int:
         return 0
 
 
-def test_a_campaign_on_three_hosts_survives_a_cut_link_and_logs_it(tmp_path, monkeypatch):
+def test_a_campaign_on_three_hosts_survives_a_cut_link_and_logs_it(tmp_path, monkeypatch, quick_campaign):
     import boto3
     import s3fs
 
@@ -90,8 +90,10 @@ def test_a_campaign_on_three_hosts_survives_a_cut_link_and_logs_it(tmp_path, mon
                               transport={"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S},
                               supervisor={"address": f"tcp://{hosts.address['ctl']}:7390",
                                           "restart_unresponsive": False},
-                              # the run stops by its steps, not the clock
-                              **{**SMALL, "campaign": {**SMALL["campaign"], "rl_steps": 3, "rl_seconds": 600}})
+                              # the run stops by its steps, not the clock; warm-started from the session's
+                              # quick campaign (its tokenizer and SFT policy: no corpus pool or SFT here)
+                              **{**SMALL, "campaign": {**SMALL["campaign"], "rl_steps": 3, "rl_seconds": 600,
+                                                       "warm_start_from": str(quick_campaign.run_dir)}})
         env = {**os.environ, **aws, "T1_RUN_KEY": KEY,
                "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
         started = time.monotonic()

@@ -99,54 +99,24 @@ def test_replay_drift_finds_sglangs_logprobs_and_routing_equal_to_t1s_policy(sgl
     assert drift["routing_mismatch"]["mean"] < 0.05, drift["routing_mismatch"]
 
 
-def test_t1_actor_eval_plays_a_served_policy_through_sglang(sglang_run, tmp_path):
-    """`t1-actor eval --policy sglang:URL --tokenizer RUN`: the run's version 0 served by a real SGLang server,
-    through the campaign's agent loop on the shipped tasks; every turn SGLang's, its logprobs t1's policy's."""
+def test_a_dead_server_is_restarted_and_an_eval_that_lost_it_resumes(sglang_run, tmp_path):
+    """A local server under ``ServerWatch`` (what a campaign's ``sglang_server = "local"`` runs) killed while
+    `t1-actor eval --policy sglang:URL --tokenizer RUN` plays the run's version 0 through the campaign's agent
+    loop on the shipped tasks: the eval ends with one line naming the URL and the resume command, keeping its
+    finished attempts; the server comes back on the same URL as a new start; the resume command finishes the
+    eval (the new start's turns named by its start id); every turn is SGLang's at version 0 with t1's policy's
+    logprobs; past ``sglang_restart_limit`` the watch gives up. (One server for both: each start costs ~30 s.)"""
+    import shlex
+    import time
+
     import numpy as np
 
     from t1_actors import tito
     from t1_actors.backends.sglang_server import SGLangServer
+    from t1_actors.job.local_sglang import ServerWatch
     from t1_actors.layout import weights_dir
     from t1_actors.policy import MoEPolicy
     from tools._replay.drift import token_logprobs
-
-    out = tmp_path / "eval"
-    with SGLangServer.start(weights_dir(sglang_run, 0), context_length=768, max_concurrent=4, weight_version=0,
-                            log_path=tmp_path / "server.log") as server:
-        command = [sys.executable, "-m", "t1_actors.cli", "eval", "--tasks", str(ROOT / "t1_actors/tasks/examples"),
-                   "--policy", f"sglang:{server.url}", "--tokenizer", str(sglang_run), "--max-turns", "8",
-                   "--out", str(out), "--sandbox-dir", str(tmp_path / "sandbox"),
-                   "--verifier-dir", str(tmp_path / "verifier"), "--json"]
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
-        start_id = server.engine.start_id
-    assert done.returncode == 0, done.stderr[-4000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["n"] == 6 and summary["infra_failures"] == 0 and summary["policy"] == f"sglang:{server.url}"
-    turns = [turn for _, turn in EventLog.open(out / "log").events(kinds=["sampler_turn"])]
-    assert len(turns) >= 6 and {(t.engine, t.engine_start_id, t.policy_version) for t in turns} == {
-        ("sglang", start_id, 0)}
-    policy = MoEPolicy.load(weights_dir(sglang_run, 0)).eval()
-    by_trial: dict[str, list] = {}
-    for turn in turns:
-        by_trial.setdefault(turn.trial_id, []).append(turn)
-    whole = [t for trial in by_trial.values() for t in tito.expand_turns(sorted(trial, key=lambda t: t.turn))]
-    for turn in whole:  # each turn as the sampler saw it (the log stores what is new since the previous turn)
-        ids = np.concatenate([turn.prompt_ids, turn.sampled_ids])
-        ours = token_logprobs(policy, ids, temperature=turn.temperature)[0][len(turn.prompt_ids):]
-        assert np.abs(ours - turn.sampler_logprobs).max() < 1e-3, turn.trial_id
-
-
-def test_a_dead_server_is_restarted_and_an_eval_that_lost_it_resumes(sglang_run, tmp_path):
-    """A local server under ``ServerWatch`` (what a campaign's ``sglang_server = "local"`` runs) killed while
-    `t1-actor eval` plays against it: the eval ends with one line naming the URL and the resume command, keeping
-    its finished attempts; the server comes back on the same URL as a new start; the resume command finishes the
-    eval (the new start's turns named by its start id); past ``sglang_restart_limit`` the watch gives up."""
-    import shlex
-    import time
-
-    from t1_actors.backends.sglang_server import SGLangServer
-    from t1_actors.job.local_sglang import ServerWatch
-    from t1_actors.layout import weights_dir
 
     def start(version: int, port: int | None) -> SGLangServer:
         return SGLangServer.start(weights_dir(sglang_run, version), context_length=768, max_concurrent=4, port=port,
@@ -196,8 +166,20 @@ def test_a_dead_server_is_restarted_and_an_eval_that_lost_it_resumes(sglang_run,
         assert done.returncode == 0, done.stderr[-3000:]
         summary = json.loads(done.stdout.strip().splitlines()[-1])
         assert summary["n"] == 6 and summary["infra_failures"] == 0
-        starts = {t.engine_start_id for _, t in EventLog.open(out / "log").events(kinds=["sampler_turn"])}
-        assert second.engine.start_id in starts
+        assert summary["policy"] == f"sglang:{first.url}"
+        turns = [turn for _, turn in EventLog.open(out / "log").events(kinds=["sampler_turn"])]
+        assert len(turns) >= 6 and {(t.engine, t.policy_version) for t in turns} == {("sglang", 0)}
+        starts = {t.engine_start_id for t in turns}
+        assert second.engine.start_id in starts and starts <= {first.engine.start_id, second.engine.start_id}
+        policy = MoEPolicy.load(weights_dir(sglang_run, 0)).eval()
+        by_trial: dict[str, list] = {}
+        for turn in turns:
+            by_trial.setdefault(turn.trial_id, []).append(turn)
+        whole = [t for trial in by_trial.values() for t in tito.expand_turns(sorted(trial, key=lambda t: t.turn))]
+        for turn in whole:  # each turn as the sampler saw it (the log stores what is new since the previous turn)
+            ids = np.concatenate([turn.prompt_ids, turn.sampled_ids])
+            ours = token_logprobs(policy, ids, temperature=turn.temperature)[0][len(turn.prompt_ids):]
+            assert np.abs(ours - turn.sampler_logprobs).max() < 1e-3, turn.trial_id
 
         second.kill()  # the limit (1) is reached: no second restart
         wait_for(lambda: [e for e in events() if e["event"] == "gave_up"], 60)

@@ -91,6 +91,7 @@ def chaos_run(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the faults' detection times heartbeats and pings
 def test_every_role_killed_and_the_campaign_completes_with_everything_accounted_for(chaos_run):
     code, report, run_dir = chaos_run
     output = Path(report["campaign_output"]).read_text()[-4000:]

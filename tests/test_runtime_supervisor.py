@@ -22,7 +22,7 @@ from t1_actors.job.config import load_config, parse_config
 from t1_actors.runtime import DeadlineExceeded, connect
 from t1_actors.runtime.supervisor import Supervisor, SupervisorError
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.alone]  # times heartbeats
 
 KEY = "supervisor-test-key-0123456789"
 TESTS = Path(__file__).resolve().parent
