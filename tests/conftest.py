@@ -24,7 +24,8 @@ SGLANG_SETUP_STATUS = "T1_SGLANG_SETUP_STATUS"
 SGLANG_SETUP_TIMEOUT_S = 1800
 
 
-# the work units that take longest go first (longest first balances two workers); minutes each on 2 cores
+# the work units that take longest go first (longest first balances two workers; pyproject keeps xdist from
+# reordering them by their number of tests); minutes each on 2 cores
 FIRST = ("quick_campaign", "test_campaign_qwen3", "test_chaos")
 
 
