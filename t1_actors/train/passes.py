@@ -115,17 +115,18 @@ def policy_backward(policy: Trainable, batch: TrajectoryBatch, rows: list[int], 
     def segment_loss(part, start, end, output):
         nonlocal total
         pick = lambda x: x[part, start:end]  # noqa: E731
-        logits, m = output[0], pick(mask)
-        logprobs = ppo.token_logprobs(logits, pick(targets), cfg.temperature)
+        m = pick(mask)
+        log_pi = ppo.log_policy(output[0], cfg.temperature)  # once: the ratio's logprobs and the entropy read it
+        logprobs = ppo.taken_logprobs(log_pi, pick(targets))
         loss, clip_fraction = ppo.ppo_policy_loss(logprobs, pick(old_logprobs), pick(advantages), m, cfg.clip_eps,
                                                   normalizer)
         count = float(m.sum())
         if cfg.entropy_coef > 0:
-            ent = ppo.entropy(logits, m, cfg.temperature)
+            ent = ppo.entropy_of(log_pi, m)
             loss = loss - cfg.entropy_coef * ent * count / normalizer
         else:
             with torch.no_grad():
-                ent = ppo.entropy(logits.detach(), m, cfg.temperature)
+                ent = ppo.entropy_of(log_pi.detach(), m)
         with torch.no_grad():
             kl = ppo.approx_kl(logprobs.detach(), pick(old_logprobs), m)
             sums.clip += float(clip_fraction) * count

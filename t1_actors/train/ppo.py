@@ -288,12 +288,21 @@ def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
 
 def entropy(logits: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0,
             normalizer: float | torch.Tensor | None = None) -> torch.Tensor:
-    """Mean policy entropy over loss tokens at the sampling temperature.
+    """Mean policy entropy over loss tokens at the sampling temperature (``entropy_of`` of ``log_policy``)."""
+    return entropy_of(log_policy(logits, temperature), mask, normalizer)
 
-        H_j = - sum_a pi(a|s_j) log pi(a|s_j),  pi = softmax(logits / tau)
-    """
-    logp = torch.log_softmax(_at_least_float32(logits) / temperature, dim=-1)
-    per_token = -(logp.exp() * logp).sum(dim=-1)
+
+def entropy_of(log_pi: torch.Tensor, mask: torch.Tensor,
+               normalizer: float | torch.Tensor | None = None) -> torch.Tensor:
+    """Mean policy entropy over loss tokens, from ``log_pi = log_policy(logits, tau)`` ``[..., V]``:
+
+        H_j = - sum_a pi(a|s_j) log pi(a|s_j)
+
+    summed over the vocabulary at the loss tokens only (``mask`` > 0): elsewhere it would be multiplied by 0."""
+    taken = mask > 0
+    log_pi_taken = log_pi[taken]
+    per_token = torch.zeros(mask.shape, dtype=log_pi.dtype, device=log_pi.device)
+    per_token = per_token.masked_scatter(taken, -(log_pi_taken.exp() * log_pi_taken).sum(dim=-1))
     return masked_mean(per_token, mask, normalizer)
 
 
@@ -324,10 +333,21 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1.0 - (r - v).var(unbiased=False) / var_r)
 
 
+def log_policy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log pi(. | x_<t) over the vocabulary at the sampling temperature: log_softmax(z / tau) (at tau = 1 the
+    logits are not divided: one [.., V] pass less, forward and backward)."""
+    z = _at_least_float32(logits)
+    return torch.log_softmax(z if temperature == 1.0 else z / temperature, dim=-1)
+
+
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log pi(x_t | x_<t) of the taken tokens at the sampling temperature: log_softmax(z / tau)[x_t]."""
-    logp = torch.log_softmax(_at_least_float32(logits) / temperature, dim=-1)
-    return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    return taken_logprobs(log_policy(logits, temperature), tokens)
+
+
+def taken_logprobs(log_pi: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``log_pi [..., V]`` (``log_policy``) at the taken tokens ``[...]``."""
+    return log_pi.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
 
 
 def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
