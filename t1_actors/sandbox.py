@@ -8,6 +8,8 @@
   sandbox machinery itself comes back as ``infra_error`` on the event (exit code -1).
 - ``SandboxClose(trial_id)`` -> Ack; the trial's root is torn down.
 - ``Cancel(trial_id | '*')``: the running command is killed and the sandbox closed.
+- ``Generic(op="open_sandboxes", args={"trial_ids": [...]})`` -> Ack whose detail is the JSON list of those it
+  holds open (a restarted staleness controller asks before resuming a trial in its sandbox).
 
 Backends (``[sandbox] backend``): ``local`` (bubblewrap over overlayfs, default) or ``daytona``. The
 verifier actor reads a local trial's final root from the shared disk (``[sandbox.local] base_dir``,
@@ -21,7 +23,7 @@ from typing import Any
 
 import trio
 
-from schemas import Ack, Cancel, ExecRequest, SandboxClose, SandboxExec, SandboxOpen
+from schemas import Ack, Cancel, ExecRequest, Generic, SandboxClose, SandboxExec, SandboxOpen
 from t1_actors.backends.local_sandbox import SandboxInfraError
 from t1_actors.backends.sandbox_backend import SandboxConfig, open_backend
 from t1_actors.runtime.actor import Actor, handles
@@ -88,6 +90,13 @@ class SandboxActor(Actor):
             return Ack(detail="already closed")
         await trio.to_thread.run_sync(sandbox.close)
         return Ack(detail="closed")
+
+    @handles(Generic)
+    async def generic(self, request: Generic) -> Ack:
+        if request.op != "open_sandboxes":
+            raise ValueError(f"the sandbox actor has no op {request.op!r} (it knows open_sandboxes)")
+        wanted = request.args.get("trial_ids", [])
+        return Ack(detail=json.dumps([t for t in wanted if t in self.sandboxes]))
 
     @handles(Cancel)
     async def cancel(self, request: Cancel) -> Ack:
