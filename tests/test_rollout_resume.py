@@ -29,8 +29,8 @@ from t1_actors.rollout.trials import BatchStats, TrialRunner, run_batches
 from tools._replay.audit import audit_events
 
 LAYERS, K, EXPERTS = 2, 2, 8
-COMMANDS = ["echo one >> notes.txt && wc -l notes.txt", "echo two >> notes.txt && cat notes.txt",
-            "echo three >> notes.txt && wc -c notes.txt"]
+COMMANDS = [["echo one >> notes.txt && wc -l notes.txt"],  # turn 1 runs two commands, the second reads the first's
+            ["echo two >> notes.txt && echo added", "cat notes.txt"], ["echo three >> notes.txt && wc -c notes.txt"]]
 NEW_VERSION_AT = 2  # the learner publishes version 1 while turn 1 plays: the trial's turns span two versions
 
 
@@ -49,12 +49,13 @@ def rows(start: int, end: int, version: int) -> np.ndarray:
 class LoggedPorts(InProcessPorts):
     """The in-process ports with a scripted agent for a sampler, writing to a real event log what the sampler
     actor (one ``SamplerTurn`` per turn, routing rows stored once) and the sandbox actor (one ``SandboxExec`` per
-    command) write. ``hang_at``: the (trial, turn) whose generation never returns (the turn in flight at a kill)."""
+    command) write. ``hang_at``: the (trial, turn) whose generation, or the (trial, command) that never returns (what
+    is in flight at a kill; such a command never starts)."""
 
     def __init__(self, tasks, sandbox, verifier, writer, tokenizer, stop_id):
         super().__init__(None, tasks, None, sandbox, verifier)
         self.writer, self.tokenizer, self.stop_id = writer, tokenizer, stop_id
-        self.hang_at: tuple[str, int] | None = None
+        self.hang_at: tuple[str, int | str] | None = None
         self.cancelled: list[str] = []
         self.reached = trio.Event()
 
@@ -63,7 +64,7 @@ class LoggedPorts(InProcessPorts):
         if (trial_id, turn) == self.hang_at:
             self.reached.set()
             await trio.sleep_forever()
-        text = tool_call(COMMANDS[turn]) if turn < len(COMMANDS) else "done"
+        text = "".join(tool_call(c) for c in COMMANDS[turn]) if turn < len(COMMANDS) else "done"
         ids = np.asarray([*self.tokenizer.encode(text), self.stop_id], np.int32)
         version = int(turn >= NEW_VERSION_AT)
         start = prefix.rows if prefix.version == version else 0  # a prefix-caching engine: only new rows
@@ -75,6 +76,9 @@ class LoggedPorts(InProcessPorts):
         return generation
 
     async def execute(self, trial_id, turn, command, timeout_s):
+        if (trial_id, command) == self.hang_at:
+            self.reached.set()
+            await trio.sleep_forever()
         result = await trio.to_thread.run_sync(self.sandboxes[trial_id].exec, command, timeout_s)
         await self.log(SandboxExec(trial_id=trial_id, turn=turn, command=command, exit_code=result.exit_code,
                                    stdout=result.stdout, stderr=result.stderr, duration_s=result.duration_s))
@@ -120,13 +124,13 @@ async def _trial_events_of(log):
     return trial_events
 
 
-def _play_until_killed(ports, runner, task_id, trial_id, in_flight_turn):
-    """Issue and play a train trial until its turn ``in_flight_turn`` is being sampled, then kill the controller
-    (its sandbox stays open at the sandbox actor)."""
+def _play_until_killed(ports, runner, task_id, trial_id, in_flight):
+    """Issue and play a train trial until ``in_flight`` (a turn number: that turn is being sampled; a command: it
+    is about to run) is reached, then kill the controller (its sandbox stays open at the sandbox actor)."""
     async def main():
         await ports.log(TrialIssued(trial_id=trial_id, task_id=task_id, split="train", policy_version_wanted=0))
         await ports.open_sandbox(trial_id, task_id)
-        ports.hang_at, ports.reached = (trial_id, in_flight_turn), trio.Event()
+        ports.hang_at, ports.reached = (trial_id, in_flight), trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: runner.play(trial_id, task_id, trained=True))
             with trio.fail_after(60):
@@ -153,13 +157,14 @@ def _stored(chunk):
     return as_stored(tito.to_event(chunk, trial_id="x", task_id="x"), num_experts=EXPERTS)
 
 
-def test_a_trial_killed_mid_trajectory_continues_from_its_log_as_if_never_interrupted(world):
+@pytest.mark.parametrize("in_flight", [NEW_VERSION_AT, COMMANDS[1][1]], ids=["turn-in-flight", "between-commands"])
+def test_a_trial_killed_mid_trajectory_continues_from_its_log_as_if_never_interrupted(world, in_flight):
     ports, runner_of, log, task_id = world
     uninterrupted, result = _uninterrupted(ports, runner_of(ports, "u"), task_id)
     assert len(uninterrupted.turns) == 4 and {t.policy_version for t in uninterrupted.turns} == {0, 1}
     ports.events.clear()
 
-    _play_until_killed(ports, runner_of(ports, "dead"), task_id, "K", in_flight_turn=NEW_VERSION_AT)
+    _play_until_killed(ports, runner_of(ports, "dead"), task_id, "K", in_flight)
     restarted = runner_of(ports, "new")  # a new controller: nothing of the dead one's memory
 
     async def recover():
@@ -167,10 +172,12 @@ def test_a_trial_killed_mid_trajectory_continues_from_its_log_as_if_never_interr
         assert [t.trial_id for t in pending] == ["K"]
         flights, left = await resume_open_trials(
             pending, restarted, trial_events=await _trial_events_of(log),
-            open_sandboxes=lambda ids: _held(ports, ids), close_sandbox=ports.close_sandbox, version=1)
+            open_sandboxes=lambda ids: _held(ports, ids), close_sandbox=ports.close_sandbox, version=1,
+            command_wait_s=0.3, poll_s=0.05)
         assert left == [] and [f.trial_id for f in flights] == ["K"]
         rebuilt = flights[0].rollout
         assert len(rebuilt.turns) == NEW_VERSION_AT  # every logged turn, the one in flight not
+        assert rebuilt.outputs_so_far == ([] if in_flight == NEW_VERSION_AT else ["added\n"])
         for got, want in zip(rebuilt.turns, uninterrupted.turns):
             assert np.array_equal(got.prompt_ids, want.prompt_ids)
             assert np.array_equal(got.sampled_ids, want.sampled_ids)
@@ -198,7 +205,8 @@ def test_a_trial_killed_mid_trajectory_continues_from_its_log_as_if_never_interr
     # only the turn in flight was sampled again; no command of the logged turns ran twice
     assert [(e.trial_id, e.turn) for e in events if isinstance(e, SamplerTurn)] == [
         ("K", 0), ("K", 1), ("K~c1", 2), ("K~c1", 3)]
-    assert [(e.trial_id, e.turn) for e in events if isinstance(e, SandboxExec)] == [("K", 0), ("K", 1), ("K", 2)]
+    assert [(e.trial_id, e.turn, e.command) for e in events if isinstance(e, SandboxExec)] == [
+        ("K", turn, command) for turn in range(3) for command in COMMANDS[turn]]
     # the continuation's trajectory is the uninterrupted one: tokens, mask, logprobs, versions and routing
     got = [e for e in events if isinstance(e, TrajectoryAssembled)]
     want = [_stored(c) for c in tito.assemble(uninterrupted.turns, restarted.tokenizer, reward=result.reward)]
@@ -217,10 +225,11 @@ async def _held(ports, ids):
     return {i for i in ids if i in ports.sandboxes}
 
 
-def test_a_lost_sandbox_or_a_command_that_never_logged_is_an_infrastructure_failure_a_late_one_is_waited_for(world):
+def test_a_lost_sandbox_is_an_infrastructure_failure_and_a_command_running_at_the_kill_is_waited_for(world):
     ports, runner_of, log, task_id = world
-    for trial_id in ("gone", "mid-command", "late"):
-        _play_until_killed(ports, runner_of(ports, "dead"), task_id, trial_id, in_flight_turn=1)
+    _play_until_killed(ports, runner_of(ports, "dead"), task_id, "gone", 1)
+    _play_until_killed(ports, runner_of(ports, "dead"), task_id, "late", 1)
+    _play_until_killed(ports, runner_of(ports, "dead"), task_id, "unstarted", COMMANDS[1][0])
     restarted = runner_of(ports, "new")
     reads = {"late": 0}
 
@@ -229,30 +238,29 @@ def test_a_lost_sandbox_or_a_command_that_never_logged_is_an_infrastructure_fail
         everything = await _trial_events_of(log)
 
         async def trial_events(trial_id):
-            """The log as the restarted controller reads it: "mid-command"'s turn-0 command was running at the kill
-            and never logged; "late"'s logs its output while the controller waits (its third read)."""
+            """The log as the restarted controller reads it: "late"'s turn-0 command was still running at the
+            kill, and logs its output while the controller waits (by its third read)."""
             reads[trial_id] = reads.get(trial_id, 0) + 1
-            hide = trial_id == "mid-command" or (trial_id == "late" and reads["late"] < 3)
+            hide = trial_id == "late" and reads["late"] < 3
             return [e for e in await everything(trial_id) if not (hide and isinstance(e, SandboxExec))]
-
-        closed = []
-
-        async def close(sandbox_id):
-            closed.append(sandbox_id)
-            await ports.close_sandbox(sandbox_id)
 
         pending = open_trials([e for _, e in log.events()])
         return await resume_open_trials(pending, restarted, trial_events=trial_events,
-                                        open_sandboxes=lambda ids: _held(ports, ids), close_sandbox=close,
-                                        version=0, command_wait_s=1.0, poll_s=0.05), closed
+                                        open_sandboxes=lambda ids: _held(ports, ids), close_sandbox=ports.close_sandbox,
+                                        version=0, command_wait_s=1.0, poll_s=0.05)
 
-    (flights, left), closed = trio.run(recover)
-    assert [f.trial_id for f in flights] == ["late"] and len(flights[0].rollout.turns) == 1 and reads["late"] == 3
-    assert left == [] and closed == ["mid-command"]
+    flights, left = trio.run(recover)
+    assert left == [] and [f.trial_id for f in flights] == ["late", "unstarted"] and reads["late"] == 3
+    late, unstarted = (f.rollout for f in flights)
+    assert len(late.turns) == 1 and late.messages[-1]["role"] == "tool"  # its output arrived: turn 1 is next
+    # "unstarted": its turn-1 command never started; the wait ran out, the continuation runs it (once)
+    assert len(unstarted.turns) == 2 and unstarted.messages[-1]["role"] == "assistant"
+    assert unstarted.outputs_so_far == []
     ended = {e.trial_id: e for _, e in log.events() if isinstance(e, TrialEnded)}
-    assert set(ended) == {"gone", "mid-command"}
-    assert all(e.finish == "infra_error" and WORKSPACE_LOST in e.infra_error for e in ended.values())
-    assert "no longer held" in ended["gone"].infra_error and "was running" in ended["mid-command"].infra_error
+    assert set(ended) == {"gone"} and ended["gone"].finish == "infra_error"
+    assert WORKSPACE_LOST in ended["gone"].infra_error and "no longer held" in ended["gone"].infra_error
     audit = audit_events(log.events())
-    assert audit.trials_unaccounted == 0 and audit.final_states["failed"] == 2, audit.to_json()
-    trio.run(ports.close_sandbox, "late")
+    assert audit.trials_unaccounted == 0 and audit.final_states["failed"] == 1, audit.to_json()
+    assert audit.final_states["cancelled, closed"] == 2, audit.to_json()  # resumed by run_batches, not here
+    for trial_id in ("late", "unstarted"):
+        trio.run(ports.close_sandbox, trial_id)

@@ -13,13 +13,15 @@ flight is sampled again.
 
 ``resume_open_trials`` applies it to the train trials still in their agent loop:
 
-- sandbox still held by the sandbox actor, log replayed to a turn in flight: cancelled with reason
-  ``RESTARTED`` ("kept for continuation") and returned as a flight for the first batch;
-- a command was running at the kill: the sandbox actor logs its output when it ends, so the replay is retried
-  until the task's command timeout (plus a grace) has passed; if no record came, the command may have changed
-  the workspace without its output being known, and the trial ends as an infrastructure failure
-  (``WORKSPACE_LOST``), never scored;
-- sandbox gone: the same infrastructure failure;
+- sandbox still held by the sandbox actor: cancelled with reason ``RESTARTED`` ("kept for continuation") and
+  returned as a flight for the first batch, which samples the turn in flight again, or runs the commands of the
+  last turn that have no output in the log (``TrialRollout.outputs_so_far`` holds those that have);
+- a command running at the kill goes on at the sandbox actor, which logs its output when it ends: the replay is
+  retried until the task's command timeout (plus a grace) has passed. The sandbox actor is asked which
+  sandboxes it holds only then: one it holds has logged every command it started (a restarted sandbox actor
+  holds none of its predecessor's, or restores them to before the command in flight), so a command still
+  without output never started, and running it is running it once;
+- sandbox gone: an infrastructure failure (``TrialEnded``, ``WORKSPACE_LOST``), never scored;
 - a log that does not replay (``RebuildError``) or a loop that had already ended: closed as today
   (``recovery.closing_event``) with the reason.
 
@@ -118,6 +120,7 @@ async def rebuild_rollout(runner: TrialRunner, task_id: str, turns: Sequence[Sam
         by_turn.setdefault(record.turn, []).append(record)
     rollout = TrialRollout()
     chosen: dict[int, list[SandboxExec]] = {}
+    outputs: dict[int, list[str]] = {}  # each turn's outputs replayed so far
 
     async def sample(prompt_ids: np.ndarray, turn: int) -> Generation:
         if turn >= len(whole):
@@ -133,9 +136,12 @@ async def rebuild_rollout(runner: TrialRunner, task_id: str, turns: Sequence[Sam
         if turn not in chosen:
             chosen[turn] = _outputs_of_turn(by_turn.get(turn, []), rollout.turns[turn].commands)
         if not chosen[turn]:
+            rollout.outputs_so_far = outputs.get(turn, [])  # a continuation runs only the turn's other commands
             raise _EndOfLog(turn, command)
         record = chosen[turn].pop(0)
-        return ToolOutcome(record.exit_code, record.stdout + record.stderr, record.infra_error)
+        outcome = ToolOutcome(record.exit_code, record.stdout + record.stderr, record.infra_error)
+        outputs.setdefault(turn, []).append(outcome.output)
+        return outcome
 
     try:
         await run_trial(runner.tasks[task_id].instruction, sample=sample, execute=execute,
@@ -144,6 +150,13 @@ async def rebuild_rollout(runner: TrialRunner, task_id: str, turns: Sequence[Sam
     except _EndOfLog as end:
         return Rebuilt(rollout, "turn" if end.command is None else "command", end.turn, end.command)
     return Rebuilt(rollout, "none", len(rollout.turns))
+
+
+def _what_again(rebuilt: Rebuilt) -> str:
+    if rebuilt.in_flight == "command":
+        done = len(rebuilt.rollout.outputs_so_far)
+        return f"turn {rebuilt.turn}'s commands from {rebuilt.command!r} (its command {done}) on run"
+    return f"turn {rebuilt.turn} sampled again"
 
 
 TrialEvents = Callable[[str], Awaitable[list[Event]]]  # every logged event of one trial id, in log order
@@ -183,7 +196,6 @@ async def resume_open_trials(pending: Sequence[OpenTrial], runner: TrialRunner, 
     ``COMMAND_GRACE_S``)."""
     candidates = [t for t in pending if t.split == "train" and not t.ended]
     left = [t for t in pending if t not in candidates]
-    alive = await open_sandboxes(sorted({t.sandbox_id for t in candidates}))
     rebuilt: dict[str, tuple[TrialIssued, list[str], Rebuilt] | RebuildError] = {}
 
     async def rebuild(trial: OpenTrial) -> None:
@@ -192,7 +204,7 @@ async def resume_open_trials(pending: Sequence[OpenTrial], runner: TrialRunner, 
         except RebuildError as error:
             rebuilt[trial.trial_id] = error
 
-    def waiting_at(trial: OpenTrial) -> float | None:
+    def waiting_until(trial: OpenTrial) -> float | None:
         """When waiting for the trial's command in flight to log its output ends (None: nothing to wait for)."""
         state = rebuilt[trial.trial_id]
         if isinstance(state, RebuildError) or state[2].in_flight != "command":
@@ -203,17 +215,20 @@ async def resume_open_trials(pending: Sequence[OpenTrial], runner: TrialRunner, 
         return start + wait_s
 
     start = trio.current_time()
-    live = [t for t in candidates if t.sandbox_id in alive]
-    for trial in live:
+    for trial in candidates:
         await rebuild(trial)
-    while waiting := [t for t in live if (until := waiting_at(t)) is not None and trio.current_time() < until]:
+    while waiting := [t for t in candidates if (until := waiting_until(t)) is not None and trio.current_time() < until]:
         await trio.sleep(poll_s)  # the sandbox actor logs a command's output when the command ends
         for trial in waiting:
             await rebuild(trial)
+    # Asked after the wait: a sandbox the actor still holds has served every command it started, and logged it
+    # (a killed sandbox actor's sandboxes are gone, or restored to before the command in flight), so a command
+    # still without a record never started: the continuation runs it.
+    alive = await open_sandboxes(sorted({t.sandbox_id for t in candidates}))
     flights: list[InFlight] = []
     for trial in candidates:
-        state = rebuilt.get(trial.trial_id)
-        if state is None:
+        state = rebuilt[trial.trial_id]
+        if trial.sandbox_id not in alive:
             await runner.ports.log(TrialEnded(trial_id=trial.trial_id, finish="infra_error", infra_error=(
                 f"{WORKSPACE_LOST}: sandbox {trial.sandbox_id} is no longer held by the sandbox actor")))
             continue
@@ -223,12 +238,7 @@ async def resume_open_trials(pending: Sequence[OpenTrial], runner: TrialRunner, 
             continue
         issue, chain, replayed = state
         rollout = replayed.rollout
-        if replayed.in_flight == "command":
-            await runner.ports.log(TrialEnded(trial_id=trial.trial_id, finish="infra_error", infra_error=(
-                f"{WORKSPACE_LOST}: command {replayed.command!r} of turn {replayed.turn} was running when the "
-                f"controller died and left no output; no snapshot to run it again from")))
-            await close_sandbox(trial.sandbox_id)
-        elif replayed.in_flight == "none":
+        if replayed.in_flight == "none":
             await runner.ports.log(closing_event(trial, version, f"{ABANDONED}; its agent loop had ended"))
             await close_sandbox(trial.sandbox_id)
         else:
@@ -240,5 +250,5 @@ async def resume_open_trials(pending: Sequence[OpenTrial], runner: TrialRunner, 
             flights.append(InFlight(trial.trial_id, issue.task_id, rollout, sandbox_id=trial.sandbox_id,
                                     continuations=len(chain) - 1, why=(
                                         f" after the staleness controller's restart (rebuilt from the log: "
-                                        f"{len(rollout.turns)} turns, turn {replayed.turn} sampled again)")))
+                                        f"{len(rollout.turns)} turns; {_what_again(replayed)})")))
     return flights, left
