@@ -43,8 +43,8 @@ from t1_actors.rollout.recovery import close_abandoned, open_trials
 from t1_actors.rollout.resume import resume_open_trials
 from t1_actors.rollout.trials import BatchStats, InFlight, TrialRunner
 from t1_actors.runtime.actor import Actor
-from t1_actors.runtime.errors import RuntimeFault
-from t1_actors.runtime.reachability import PeerWatch, ping_call
+from t1_actors.runtime.errors import PeerGone, RuntimeFault
+from t1_actors.runtime.reachability import PeerWatch, ping_call, while_reachable
 from t1_actors.schedule import CampaignConfig, Controller, TaskSplits, play_schedule
 from t1_actors.tasks import build_task_sets
 from t1_actors.tasks.config import TasksConfig
@@ -76,11 +76,22 @@ class ActorPorts:
                        record_routing: bool = True) -> Generation:
         c = self.campaign
         samplers = self.actor.peer("sampler")  # every turn of a trial to one replica: its prefix cache stays warm
-        reply = await samplers.call_bulk(GenerateRequest(
+        name = samplers.pick(trial_id)
+        request = GenerateRequest(
             trial_id=trial_id, turn=turn, input_ids=prompt_ids, max_new_tokens=c.max_new_tokens,
             temperature=temperature or self.actor.temperature, top_p=self.actor.top_p, stop_ids=[self.stop_id],
             policy_version_wanted=self.actor.version, seed=seed, prefix_len=prefix.shared, prefix_rows=prefix.rows,
-            prefix_version=prefix.version, record_routing=record_routing), to=samplers.pick(trial_id))
+            prefix_version=prefix.version, record_routing=record_routing)
+        watch = getattr(self.actor, "watch", None)
+        try:
+            # a sampler killed mid-turn and restarted answers this same request (only this turn is sampled
+            # again); one that stays away longer than the wait ends the trial as an infrastructure failure
+            reply = await (samplers.call_bulk(request, to=name) if watch is None else while_reachable(
+                watch, name, request.kind, self.actor.staleness.sampler_restart_wait_s,
+                lambda: samplers.call_bulk(request, to=name)))
+        except PeerGone as gone:
+            return Generation(len(prompt_ids), np.zeros(0, np.int32), np.zeros(0, np.float32), None, "error",
+                              self.actor.version, error=str(gone))
         return Generation.from_reply(reply, len(prompt_ids))
 
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:

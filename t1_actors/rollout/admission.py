@@ -27,6 +27,9 @@ class StalenessConfig(BaseModel):
     # a restarted controller continues its predecessor's train trials mid-trajectory, rebuilt from the log
     # (rollout.resume); their turn records then keep their routing rows (stored again by the trajectory)
     resume_after_restart: bool = True
+    # how long a turn waits for its sampler once the sampler stops answering pings (a restarted sampler answers
+    # the turn in flight itself); past it the trial ends as an infrastructure failure
+    sampler_restart_wait_s: float = Field(120.0, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> StalenessConfig:
