@@ -61,6 +61,7 @@ class SandboxActor(Actor):
         self.sandboxes: dict[str, Any] = {}
         self._execs = 0
         self.snapshot_s = 0.0  # spent snapshotting workspaces before commands (status)
+        self.taken_over: set[str] = set()  # sandboxes taken over and not yet asked for by a SandboxOpen
         await self._take_over()
         sweep = getattr(self.backend, "sweep_stale", None)
         if sweep is not None:
@@ -86,6 +87,7 @@ class SandboxActor(Actor):
             if taken is not None:
                 sandbox, takeover = taken
                 self.sandboxes[sandbox_id] = sandbox
+                self.taken_over.add(sandbox_id)
                 await self.log(WorkspaceRecovered(trial_id=sandbox_id, outcome=takeover.outcome, turn=takeover.turn,
                                                   command=takeover.command))
         if self.sandboxes:
@@ -103,11 +105,15 @@ class SandboxActor(Actor):
 
     @handles(SandboxOpen)
     async def open(self, request: SandboxOpen) -> Ack:
-        if request.trial_id in self.sandboxes:
+        if request.trial_id in self.taken_over and request.trial_id in self.sandboxes:
+            sandbox = self.sandboxes[request.trial_id]  # its open was resent to us: the predecessor had opened it
+        elif request.trial_id in self.sandboxes:
             raise SandboxInfraError(f"trial {request.trial_id} already has an open sandbox; close it first")
-        task = self.tasks.get(request.task_id)
-        sandbox = await trio.to_thread.run_sync(self.backend.open, task, request.trial_id)
-        self.sandboxes[request.trial_id] = sandbox
+        else:
+            task = self.tasks.get(request.task_id)
+            sandbox = await trio.to_thread.run_sync(self.backend.open, task, request.trial_id)
+            self.sandboxes[request.trial_id] = sandbox
+        self.taken_over.discard(request.trial_id)
         build = sandbox.build
         return Ack(detail=json.dumps({"base_image": build.base_image, "unhonoured": build.unhonoured,
                                       "cached": build.cached, "build_s": round(build.duration_s, 3)}))

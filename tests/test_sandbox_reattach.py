@@ -11,10 +11,22 @@ import time
 from pathlib import Path
 
 import pytest
+import trio
 
+pytest.importorskip("t1_actors.runtime.host")
+
+from _trio import trio_test
+
+from schemas import ExecRequest, SandboxClose, SandboxExec, SandboxOpen, TrialIssued, WorkspaceRecovered
+from storage import EventLog
 from t1_actors.backends._sandbox import cgroups
 from t1_actors.backends._sandbox.layers import mounts_under
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig, SandboxInfraError
+from t1_actors.runtime.host import run_actor_process
+from t1_actors.runtime.peers import connect
+from t1_actors.sandbox import SandboxActor
+from t1_actors.tasks import build_task_sets
+from t1_actors.tasks.config import TasksConfig
 from t1_actors.tasks.model import Environment, FileSpec, Limits, Task
 from t1_actors.tasks.model import Tests as TaskTests
 
@@ -74,3 +86,57 @@ def test_a_killed_sandbox_process_leaves_its_workspaces_to_the_next_one(tmp_path
     finally:
         backend.close()
     assert mounts_under(tmp_path / "sandbox" / "trials") == []
+
+
+def _start_actor(config) -> multiprocessing.Process:
+    process = multiprocessing.get_context("spawn").Process(target=run_actor_process,
+                                                           args=(SandboxActor, config, "sandbox-0"), daemon=True)
+    process.start()
+    return process
+
+
+@trio_test
+async def test_a_command_running_when_the_sandbox_actor_is_killed_runs_again_once_on_its_rolled_back_workspace(
+        tmp_path, actor_config):
+    tasks = {"seed": 0, "train_size": 2, "eval_size": 2}
+    config = actor_config({"name": "sandbox-0", "role": "sandbox", "actor_class": "t1_actors.sandbox:SandboxActor"},
+                          run_id="reattach-test", tasks=tasks, sandbox={"local": {"base_dir": str(tmp_path / "sb")}})
+    task = build_task_sets(TasksConfig(**tasks)).train[0]
+    slow = "echo two >> f; sleep 3; cat f"
+    first, second = _start_actor(config), None
+    try:
+        async with connect(config, "test") as peers:
+            sandbox = peers("sandbox")
+            with trio.fail_after(240):
+                await sandbox.call(SandboxOpen(trial_id="a", task_id=task.id), deadline_s=240)
+            await sandbox.call(ExecRequest(trial_id="a", turn=0, command="echo one > f", timeout_s=10), deadline_s=30)
+            log = EventLog.open(config.run.dir / "log")
+            writer = log.writer("controller")  # what the staleness controller logged: the trial is open
+            writer.append(TrialIssued(trial_id="a", task_id=task.id, split="train", policy_version_wanted=0))
+            writer.commit()
+            replies = []
+            with trio.fail_after(240):
+                async with trio.open_nursery() as nursery:
+                    async def in_flight() -> None:
+                        replies.append(await sandbox.call_bulk(ExecRequest(trial_id="a", turn=1, command=slow,
+                                                                           timeout_s=10)))
+
+                    nursery.start_soon(in_flight)
+                    await trio.sleep(1.0)  # "echo two >> f" has run; the command sleeps
+                    assert first.pid is not None
+                    os.kill(first.pid, signal.SIGKILL)
+                    first.join(10)
+                    second = _start_actor(config)  # what the supervisor does; the request is resent to it
+            [reply] = replies
+            assert isinstance(reply, SandboxExec) and reply.stdout == "one\ntwo\n", reply  # run once, not twice
+            await sandbox.call(SandboxClose(trial_id="a"), deadline_s=30)
+        events = [e for _, e in log.by_trial("a")]
+        [recovered] = [e for e in events if isinstance(e, WorkspaceRecovered)]
+        assert (recovered.outcome, recovered.turn, recovered.command) == ("rolled_back", 1, slow)
+        assert [(e.turn, e.stdout) for e in events if isinstance(e, SandboxExec)] == [(0, ""), (1, "one\ntwo\n")]
+    finally:
+        for process in (first, second):
+            if process is not None and process.is_alive():
+                process.terminate()  # a clean stop: the actor unmounts what it holds
+                process.join(30)
+    assert mounts_under(tmp_path / "sb" / "trials") == []
