@@ -115,7 +115,8 @@ def world(trial_world, tmp_path):
                            run_tag=tag, routing_in_turns=True)
 
     ports = LoggedPorts(by_id, sandbox, verifier, writer, runner_of(None, "x").tokenizer, stop)
-    return ports, runner_of, log, tasks[0].id
+    yield ports, runner_of, log, tasks[0].id
+    writer.close()  # one writer per segment and process: the next test's log may get this store's id
 
 
 async def _trial_events_of(log):
@@ -126,13 +127,19 @@ async def _trial_events_of(log):
 
 def _play_until_killed(ports, runner, task_id, trial_id, in_flight):
     """Issue and play a train trial until ``in_flight`` (a turn number: that turn is being sampled; a command: it
-    is about to run) is reached, then kill the controller (its sandbox stays open at the sandbox actor)."""
+    is about to run; None: its agent loop has ended, and nothing of its ending is logged yet) is reached, then kill
+    the controller (its sandbox stays open at the sandbox actor)."""
     async def main():
         await ports.log(TrialIssued(trial_id=trial_id, task_id=task_id, split="train", policy_version_wanted=0))
         await ports.open_sandbox(trial_id, task_id)
         ports.hang_at, ports.reached = (trial_id, in_flight), trio.Event()
+
+        async def play() -> None:
+            await runner.play(trial_id, task_id, trained=True)
+            ports.reached.set()
+
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lambda: runner.play(trial_id, task_id, trained=True))
+            nursery.start_soon(play)
             with trio.fail_after(60):
                 await ports.reached.wait()
             nursery.cancel_scope.cancel()  # the kill: the dead controller's memory is gone with it
@@ -157,7 +164,8 @@ def _stored(chunk):
     return as_stored(tito.to_event(chunk, trial_id="x", task_id="x"), num_experts=EXPERTS)
 
 
-@pytest.mark.parametrize("in_flight", [NEW_VERSION_AT, COMMANDS[1][1]], ids=["turn-in-flight", "between-commands"])
+@pytest.mark.parametrize("in_flight", [NEW_VERSION_AT, COMMANDS[1][1], None],
+                         ids=["turn-in-flight", "between-commands", "loop-ended"])
 def test_a_trial_killed_mid_trajectory_continues_from_its_log_as_if_never_interrupted(world, in_flight):
     ports, runner_of, log, task_id = world
     uninterrupted, result = _uninterrupted(ports, runner_of(ports, "u"), task_id)
@@ -176,8 +184,9 @@ def test_a_trial_killed_mid_trajectory_continues_from_its_log_as_if_never_interr
             command_wait_s=0.3, poll_s=0.05)
         assert left == [] and [f.trial_id for f in flights] == ["K"]
         rebuilt = flights[0].rollout
-        assert len(rebuilt.turns) == NEW_VERSION_AT  # every logged turn, the one in flight not
-        assert rebuilt.outputs_so_far == ([] if in_flight == NEW_VERSION_AT else ["added\n"])
+        assert len(rebuilt.turns) == (4 if in_flight is None else NEW_VERSION_AT)  # the logged turns, all of them
+        assert rebuilt.outputs_so_far == (["added\n"] if in_flight == COMMANDS[1][1] else [])
+        assert flights[0].played == (in_flight is None)
         for got, want in zip(rebuilt.turns, uninterrupted.turns):
             assert np.array_equal(got.prompt_ids, want.prompt_ids)
             assert np.array_equal(got.sampled_ids, want.sampled_ids)
@@ -201,10 +210,13 @@ def test_a_trial_killed_mid_trajectory_continues_from_its_log_as_if_never_interr
     decisions = [(e.trial_id, e.decision, e.reason) for e in events if isinstance(e, StalenessDecision)]
     assert decisions[0][:2] == ("K", "cancel") and RESTARTED in decisions[0][2]
     assert decisions[1][:2] == ("K", "resume") and "restart" in decisions[1][2] and "K~c1" in decisions[1][2]
+    assert ("verified as it is" if in_flight is None else "sampled again" if in_flight == NEW_VERSION_AT
+            else "commands from 'cat notes.txt' (its command 1) on run") in decisions[1][2], decisions[1][2]
     assert decisions[2][:2] == ("K~c1", "admit")
-    # only the turn in flight was sampled again; no command of the logged turns ran twice
-    assert [(e.trial_id, e.turn) for e in events if isinstance(e, SamplerTurn)] == [
-        ("K", 0), ("K", 1), ("K~c1", 2), ("K~c1", 3)]
+    # only the turn in flight was sampled again (none, when the loop had ended); no command of the logged turns
+    # ran twice
+    assert [(e.trial_id, e.turn) for e in events if isinstance(e, SamplerTurn)] == (
+        [("K", 0), ("K", 1), ("K", 2), ("K", 3)] if in_flight is None else [("K", 0), ("K", 1), ("K~c1", 2), ("K~c1", 3)])
     assert [(e.trial_id, e.turn, e.command) for e in events if isinstance(e, SandboxExec)] == [
         ("K", turn, command) for turn in range(3) for command in COMMANDS[turn]]
     # the continuation's trajectory is the uninterrupted one: tokens, mask, logprobs, versions and routing

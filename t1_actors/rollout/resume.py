@@ -22,8 +22,9 @@ flight is sampled again.
   holds none of its predecessor's, or restores them to before the command in flight), so a command still
   without output never started, and running it is running it once;
 - sandbox gone: an infrastructure failure (``TrialEnded``, ``WORKSPACE_LOST``), never scored;
-- a log that does not replay (``RebuildError``) or a loop that had already ended: closed as today
-  (``recovery.closing_event``) with the reason.
+- a loop that had ended without its ending logged (the sampler logged the turn in flight after the kill: an
+  answer, or the last turn the budgets allow): continued the same way, straight to its verification;
+- a log that does not replay (``RebuildError``): closed as before (``recovery.closing_event``) with the reason.
 
 Eval and warm-up trials are not resumed: a restarted controller plays an unfinished eval pass or warm-up again
 from its start (its aggregate lived in the dead process), so their open trials are closed as before
@@ -153,6 +154,8 @@ async def rebuild_rollout(runner: TrialRunner, task_id: str, turns: Sequence[Sam
 
 
 def _what_again(rebuilt: Rebuilt) -> str:
+    if rebuilt.in_flight == "none":
+        return f"its agent loop had ended ({rebuilt.rollout.finish}): verified as it is"
     if rebuilt.in_flight == "command":
         done = len(rebuilt.rollout.outputs_so_far)
         return f"turn {rebuilt.turn}'s commands from {rebuilt.command!r} (its command {done}) on run"
@@ -238,17 +241,13 @@ async def resume_open_trials(pending: Sequence[OpenTrial], runner: TrialRunner, 
             continue
         issue, chain, replayed = state
         rollout = replayed.rollout
-        if replayed.in_flight == "none":
-            await runner.ports.log(closing_event(trial, version, f"{ABANDONED}; its agent loop had ended"))
-            await close_sandbox(trial.sandbox_id)
-        else:
-            with trio.move_on_after(5.0):  # the dead controller's turn in flight, if the sampler still plays it
-                await runner.ports.cancel(trial.trial_id)
-            await runner.ports.log(StalenessDecision(
-                trial_id=trial.trial_id, decision="cancel", lag=0, policy_version=version, turns=len(rollout.turns),
-                tokens=rollout.tokens, reason=f"{RESTARTED}; kept for continuation"))
-            flights.append(InFlight(trial.trial_id, issue.task_id, rollout, sandbox_id=trial.sandbox_id,
-                                    continuations=len(chain) - 1, why=(
-                                        f" after the staleness controller's restart (rebuilt from the log: "
-                                        f"{len(rollout.turns)} turns; {_what_again(replayed)})")))
+        with trio.move_on_after(5.0):  # the dead controller's turn in flight, if the sampler still plays it
+            await runner.ports.cancel(trial.trial_id)
+        await runner.ports.log(StalenessDecision(
+            trial_id=trial.trial_id, decision="cancel", lag=0, policy_version=version, turns=len(rollout.turns),
+            tokens=rollout.tokens, reason=f"{RESTARTED}; kept for continuation"))
+        flights.append(InFlight(trial.trial_id, issue.task_id, rollout, sandbox_id=trial.sandbox_id,
+                                continuations=len(chain) - 1, played=replayed.in_flight == "none", why=(
+                                    f" after the staleness controller's restart (rebuilt from the log: "
+                                    f"{len(rollout.turns)} turns; {_what_again(replayed)})")))
     return flights, left

@@ -241,6 +241,7 @@ class InFlight:
     sandbox_id: str = ""  # the original trial's: a continuation works on in the same sandbox
     continuations: int = 0
     why: str = ""  # why it is continued, when not because the batch was cut (a controller's restart)
+    played: bool = False  # its agent loop had ended (rebuilt from the log): the continuation only verifies it
 
     def __post_init__(self) -> None:
         self.sandbox_id = self.sandbox_id or self.trial_id
@@ -277,10 +278,11 @@ async def _train_trial(runner: TrialRunner, flight: InFlight, batch: _Batch, con
     with flight.scope:
         if fresh:
             await ports.open_sandbox(flight.sandbox_id, flight.task_id)
-        rollout = await runner.play(flight.trial_id, flight.task_id, rollout=flight.rollout,
-                                    sandbox_id=flight.sandbox_id, trained=True)
+        rollout = flight.rollout if flight.played else await runner.play(
+            flight.trial_id, flight.task_id, rollout=flight.rollout, sandbox_id=flight.sandbox_id, trained=True)
         if rollout.finish == "cancelled":
             return  # stays in flight: the batch's end records the cancellation
+        flight.played = True  # cut from here on (while verified), a continuation only verifies it
         outcome = await runner.finish(flight.trial_id, flight.task_id, rollout, assemble=True,
                                       sandbox_id=flight.sandbox_id)
     if outcome is None:
@@ -340,7 +342,7 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
                 # resumed_from, working in the original's sandbox with the original's turns and versions.
                 flight = InFlight(f"{cancelled.sandbox_id}~c{cancelled.continuations + 1}", cancelled.task_id,
                                    cancelled.rollout, sandbox_id=cancelled.sandbox_id,
-                                   continuations=cancelled.continuations + 1)
+                                   continuations=cancelled.continuations + 1, played=cancelled.played)
                 await ports.log(StalenessDecision(trial_id=cancelled.trial_id, decision="resume", lag=0,
                                                   policy_version=ports.learner_version(),
                                                   turns=len(flight.rollout.turns), tokens=flight.rollout.tokens,
