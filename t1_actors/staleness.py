@@ -117,6 +117,7 @@ class ActorPorts:
 
 
 ABANDONED_WAIT_S = 30.0  # how long a restarted controller waits for verifications its predecessor asked for
+SANDBOX_ANSWER_WAIT_S = 60.0  # how long it asks a silent sandbox actor which sandboxes it holds
 
 
 class StalenessActor(Actor):
@@ -178,13 +179,18 @@ class StalenessActor(Actor):
         return [e for _, e in await self.reader.aby_trial(trial_id)]
 
     async def _open_sandboxes(self, sandbox_ids: list[str]) -> set[str]:
-        """Which of these sandboxes the sandbox actor still holds (none, when it cannot say)."""
-        try:
-            reply = await self.peer("sandbox").call(Generic(op="open_sandboxes", args={"trial_ids": sandbox_ids}))
-        except RuntimeFault as error:
-            self.logger.warning("open_sandboxes_unknown", error=str(error))
-            return set()
-        return set(json.loads(reply.detail)) if isinstance(reply, Ack) else set()
+        """Which of these sandboxes the sandbox actor still holds; asked again while it does not answer (it may be
+        restarting, and taking them over) for up to ``SANDBOX_ANSWER_WAIT_S``, then none (it cannot say)."""
+        with trio.move_on_after(SANDBOX_ANSWER_WAIT_S):
+            while True:
+                try:
+                    reply = await self.peer("sandbox").call(Generic(op="open_sandboxes",
+                                                                    args={"trial_ids": sandbox_ids}))
+                    return set(json.loads(reply.detail)) if isinstance(reply, Ack) else set()
+                except RuntimeFault as error:
+                    self.logger.warning("open_sandboxes_unanswered", error=str(error))
+                await trio.sleep(2.0)
+        return set()
 
     async def _close_quietly(self, sandbox_id: str) -> None:
         """Close a dead predecessor's sandbox; one the sandbox actor no longer knows is already gone."""

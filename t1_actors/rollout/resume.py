@@ -193,7 +193,7 @@ async def resume_open_trials(pending: Sequence[OpenTrial], runner: TrialRunner, 
 
     Returns the flights ``run_batches(resumed=...)`` continues (each already cancelled in the log with reason
     ``RESTARTED``) and the trials left to ``recovery.close_abandoned`` (eval and warm-up trials, train trials
-    whose loop had ended). The others reach their final state here, with their reason, and their sandboxes are
+    whose ending is logged). The others reach their final state here, with their reason, and their sandboxes are
     closed. ``open_sandboxes(ids)``: which of these sandboxes the sandbox actor still holds. ``command_wait_s``:
     how long a command running at the kill may take to log its output (None: the task's command timeout plus
     ``COMMAND_GRACE_S``)."""
