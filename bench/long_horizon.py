@@ -11,7 +11,9 @@ Keys (a dict keyed by turns where it says so):
   masks and routing rows once each, routing at its on-disk row size); ``*_whole`` the same trial stored the old way
   (a whole prompt and every routing row per turn, and the trajectory), measured up to ``--whole-up-to`` turns (it
   grows as N/2); ``*_eval_30_turns`` an eval trial (turn records only, routing in them);
-  ``*_3_versions_30_turns`` a trained trial across two weight updates (a chunk per version).
+  ``*_3_versions_30_turns`` a trained trial across two weight updates (a chunk per version);
+  ``*_resumable_30_turns`` a trained trial whose turn records keep their routing rows too (``[staleness]
+  resume_after_restart``, the default: a restarted controller resumes it from them, R3 exact).
 - ``max_tokens``: the longest trial's tokens.
 - ``harness_cpu_last_over_first``: the harness's CPU per turn (render, tokenize, the turn's record) in the last
   decile of turns over the first, at the most turns; ``*_full_tokenize`` the same with every prompt rendered and
@@ -78,11 +80,14 @@ def du(path: Path) -> int:
 
 
 def scripted_trial(turns: int, tokenizer, table: dict[int, np.ndarray], *, whole: bool, full_tokenize: bool,
-                   log_dir: Path | None, versions_every: int | None = None, trained: bool = True) -> dict:
+                   log_dir: Path | None, versions_every: int | None = None, trained: bool = True,
+                   routing_in_turns: bool = False) -> dict:
     """Play ``turns`` scripted turns through the harness path; append each turn's record to a fresh log at
     ``log_dir``, and for a ``trained`` trial its assembled trajectory (which then stores the routing rows, the
     turns' records none, as the trial runner asks the sampler). ``whole``: records as before (a whole prompt and
-    every routing row per turn, and the trajectory besides). Returns the trial's figures."""
+    every routing row per turn, and the trajectory besides). ``routing_in_turns``: a trained trial's records keep
+    their routing rows too (``[staleness] resume_after_restart``: what a restarted controller resumes it from).
+    Returns the trial's figures."""
     encode = tokenizer.encode
     prompt_of = IncrementalPrompt(render_chat if tokenizer.chat_template is None else tokenizer.apply_chat_template,
                                   encode)
@@ -106,7 +111,7 @@ def scripted_trial(turns: int, tokenizer, table: dict[int, np.ndarray], *, whole
         prefix = NO_PREFIX if whole or previous is None else TurnPrefix.after(  # the harness's own arrays, as
             previous_prompt, previous.sampled_ids, previous.routing, previous.policy_version, prompt)  # in rollout
         event = generation.to_event("trial-0", turn, prompt, temperature=1.0, top_p=1.0, sampler_id="sampler-0",
-                                    prefix=prefix, record_routing=whole or not trained)
+                                    prefix=prefix, record_routing=whole or not trained or routing_in_turns)
         cpu.append(time.process_time() - started)
         if writer is not None:
             writer.append(event)
@@ -234,6 +239,10 @@ def main() -> None:
                                                              / distinct_bytes(evaluated["tokens"]), 3)
         out["log_bytes_over_distinct_3_versions_30_turns"] = round(versioned["log_bytes"]
                                                                    / distinct_bytes(versioned["tokens"]), 3)
+        resumable = scripted_trial(30, tokenizer, table, whole=False, full_tokenize=False, log_dir=base / "r",
+                                   routing_in_turns=True)  # the default: resumable after a controller's restart
+        out["log_bytes_over_distinct_resumable_30_turns"] = round(resumable["log_bytes"]
+                                                                  / distinct_bytes(resumable["tokens"]), 3)
         events = [make_trajectory(np.random.default_rng(seed), seed) for seed in range(12)]
         codec = side_by_side(events, base / "codec", rounds=3, commit_every=4)
         out.update({key: codec[key] for key in ("routing_bytes_per_token_disk", "append_ratio", "replay_ratio",

@@ -28,6 +28,7 @@ from schemas.events import (
     TrialIssued,
     VerifierResult,
     WeightsPublished,
+    WorkspaceRecovered,
 )
 from schemas.messages import (
     Ack,

@@ -115,6 +115,21 @@ class SandboxExec(Event):
 
 
 @register
+class WorkspaceRecovered(Event):
+    """A restarted sandbox actor took over a trial's workspace that its killed predecessor left (by the sandbox's
+    trial id: a continuation's original's): ``reattached`` as it was; ``rolled_back`` to the snapshot taken when
+    ``command`` of ``turn`` started (it was running at the kill: it runs again); or ``lost`` (``reason``: it could
+    not be recovered, and the trial is an infrastructure failure, never scored)."""
+
+    kind = "workspace_recovered"
+    trial_id: str
+    outcome: Literal["reattached", "rolled_back", "lost"]
+    turn: int | None = None
+    command: str = ""
+    reason: str = ""
+
+
+@register
 class VerifierResult(Event):
     """The task's own tests run against the trial's final workspace. reward = passed / S (S fixed)."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from t1_actors.eval.protocol import EvalConfig, evaluate_policy
 from t1_actors.rollout import RolloutLimits
 from t1_actors.rollout.admission import StalenessConfig, grouped
-from t1_actors.rollout.trials import BatchStats, TrialRunner, run_batches, run_warmup
+from t1_actors.rollout.trials import BatchStats, InFlight, TrialRunner, run_batches, run_warmup
 
 
 class CampaignConfig(BaseModel):
@@ -120,8 +120,9 @@ class Controller:
 
 async def play_schedule(runner: TrialRunner, controller: Controller, splits: TaskSplits, *, campaign: CampaignConfig,
                         staleness: StalenessConfig, eval_config: EvalConfig, run_temperature: float,
-                        stats: BatchStats) -> None:
-    """Play every phase the log does not show done; returns after the RL policy's last eval pass."""
+                        stats: BatchStats, resumed: Sequence[InFlight] = ()) -> None:
+    """Play every phase the log does not show done; returns after the RL policy's last eval pass. ``resumed``:
+    train trials a dead controller left mid-trajectory, continued by the first batch (``rollout.resume``)."""
     log = controller.logger
     done = {e.label: e for e in await controller.events("eval_result")}
 
@@ -153,9 +154,13 @@ async def play_schedule(runner: TrialRunner, controller: Controller, splits: Tas
             return steps_done or trio.current_time() >= end
 
         await run_batches(runner, lambda: next(order), staleness, until=until,
-                          wait_for_learner=lambda v: controller.wait_for_version(v, until), stats=stats)
+                          wait_for_learner=lambda v: controller.wait_for_version(v, until), stats=stats,
+                          resumed=resumed)
         # Let the learner finish the batches already admitted before the final eval.
         with trio.move_on_after(campaign.finish_timeout_s / 2):
             await controller.wait_for_version(stats.batches, lambda: False)
         log.info("phase", phase="eval_after", policy_version=controller.version(), bias=stats.bias.summary())
+    else:  # RL was over: the trials left cancelled stay so (their decision is logged); their sandboxes go
+        for flight in resumed:
+            await runner.ports.close_sandbox(flight.sandbox_id)
     await evaluate("rl")

@@ -2,7 +2,8 @@
 
 It plays the campaign's schedule (``t1_actors.schedule``: SFT eval, warm-up and the critic's warm-up,
 asynchronous PPO, RL eval; each phase skipped on restart when the log shows it done; the trials a killed
-predecessor left open are closed with their reason first: ``rollout.recovery``). Trials reach the
+predecessor left mid-trajectory are resumed from the log where their sandbox survives, ``rollout.resume``,
+and the others closed with their reason first: ``rollout.recovery``). Trials reach the
 sampler, sandbox and verifier actors through ``ActorPorts``; the orchestration itself is
 ``t1_actors.rollout.trials`` and the admission rules ``t1_actors.rollout.admission``. It learns the learner's
 version by tailing the log for ``WeightsPublished``.
@@ -17,6 +18,7 @@ import numpy as np
 import trio
 
 from schemas import (
+    Ack,
     Cancel,
     ExecRequest,
     GenerateRequest,
@@ -38,10 +40,11 @@ from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
 from t1_actors.rollout import ToolOutcome
 from t1_actors.rollout.admission import StalenessConfig
 from t1_actors.rollout.recovery import close_abandoned, open_trials
-from t1_actors.rollout.trials import BatchStats, TrialRunner
+from t1_actors.rollout.resume import resume_open_trials
+from t1_actors.rollout.trials import BatchStats, InFlight, TrialRunner
 from t1_actors.runtime.actor import Actor
-from t1_actors.runtime.errors import RuntimeFault
-from t1_actors.runtime.reachability import PeerWatch, ping_call
+from t1_actors.runtime.errors import PeerGone, RuntimeFault
+from t1_actors.runtime.reachability import PeerWatch, ping_call, while_reachable
 from t1_actors.schedule import CampaignConfig, Controller, TaskSplits, play_schedule
 from t1_actors.tasks import build_task_sets
 from t1_actors.tasks.config import TasksConfig
@@ -73,11 +76,22 @@ class ActorPorts:
                        record_routing: bool = True) -> Generation:
         c = self.campaign
         samplers = self.actor.peer("sampler")  # every turn of a trial to one replica: its prefix cache stays warm
-        reply = await samplers.call_bulk(GenerateRequest(
+        name = samplers.pick(trial_id)
+        request = GenerateRequest(
             trial_id=trial_id, turn=turn, input_ids=prompt_ids, max_new_tokens=c.max_new_tokens,
             temperature=temperature or self.actor.temperature, top_p=self.actor.top_p, stop_ids=[self.stop_id],
             policy_version_wanted=self.actor.version, seed=seed, prefix_len=prefix.shared, prefix_rows=prefix.rows,
-            prefix_version=prefix.version, record_routing=record_routing), to=samplers.pick(trial_id))
+            prefix_version=prefix.version, record_routing=record_routing)
+        watch = getattr(self.actor, "watch", None)
+        try:
+            # a sampler killed mid-turn and restarted answers this same request (only this turn is sampled
+            # again); one that stays away longer than the wait ends the trial as an infrastructure failure
+            reply = await (samplers.call_bulk(request, to=name) if watch is None else while_reachable(
+                watch, name, request.kind, self.actor.staleness.sampler_restart_wait_s,
+                lambda: samplers.call_bulk(request, to=name)))
+        except PeerGone as gone:
+            return Generation(len(prompt_ids), np.zeros(0, np.int32), np.zeros(0, np.float32), None, "error",
+                              self.actor.version, error=str(gone))
         return Generation.from_reply(reply, len(prompt_ids))
 
     async def cancel(self, trial_id: str, *, sandbox_id: str | None = None) -> None:
@@ -103,6 +117,7 @@ class ActorPorts:
 
 
 ABANDONED_WAIT_S = 30.0  # how long a restarted controller waits for verifications its predecessor asked for
+SANDBOX_ANSWER_WAIT_S = 60.0  # how long it asks a silent sandbox actor which sandboxes it holds
 
 
 class StalenessActor(Actor):
@@ -160,6 +175,23 @@ class StalenessActor(Actor):
         kinds = ["trial_issued", "staleness_decision", "trial_ended", "verifier_result"]
         return await trio.to_thread.run_sync(lambda: [e for _, e in self.reader.events(kinds=kinds)])
 
+    async def _events_of_trial(self, trial_id: str) -> list:
+        return [e for _, e in await self.reader.aby_trial(trial_id)]
+
+    async def _open_sandboxes(self, sandbox_ids: list[str]) -> set[str]:
+        """Which of these sandboxes the sandbox actor still holds; asked again while it does not answer (it may be
+        restarting, and taking them over) for up to ``SANDBOX_ANSWER_WAIT_S``, then none (it cannot say)."""
+        with trio.move_on_after(SANDBOX_ANSWER_WAIT_S):
+            while True:
+                try:
+                    reply = await self.peer("sandbox").call(Generic(op="open_sandboxes",
+                                                                    args={"trial_ids": sandbox_ids}))
+                    return set(json.loads(reply.detail)) if isinstance(reply, Ack) else set()
+                except RuntimeFault as error:
+                    self.logger.warning("open_sandboxes_unanswered", error=str(error))
+                await trio.sleep(2.0)
+        return set()
+
     async def _close_quietly(self, sandbox_id: str) -> None:
         """Close a dead predecessor's sandbox; one the sandbox actor no longer knows is already gone."""
         try:
@@ -177,7 +209,8 @@ class StalenessActor(Actor):
         runner = TrialRunner(ActorPorts(self, self.campaign, stop_id), self.tasks, self.tokenizer,
                              self.campaign.rollout_limits(),
                              run_tag=f"{self.ctx.run_id}-{self.name}-{int(time.time()) % 100000}",
-                             tito_repairs=self.campaign.tito_repairs)
+                             tito_repairs=self.campaign.tito_repairs,
+                             routing_in_turns=self.staleness.resume_after_restart)
 
         async def warm_up_critic(trial_ids: list[str]) -> None:
             await self.peer("critic").call_bulk(Generic(op="critic_warmup", args={"trial_ids": trial_ids}))
@@ -188,9 +221,16 @@ class StalenessActor(Actor):
         # Trials a killed predecessor left open, closed before this one issues any. Not beside the schedule:
         # a restart late in the final eval lets the last pass end (and the campaign stop) within the wait.
         abandoned = open_trials(await self._trial_events())
+        resumed: list[InFlight] = []
         if abandoned:
-            self.logger.warning("closing_abandoned_trials", n=len(abandoned))
             version = max((e.version for e in await self._events("weights_published")), default=0)
+            if self.staleness.resume_after_restart:
+                resumed, abandoned = await resume_open_trials(
+                    abandoned, runner, trial_events=self._events_of_trial, open_sandboxes=self._open_sandboxes,
+                    close_sandbox=self._close_quietly, version=version)
+                self.logger.warning("resuming_trials_mid_trajectory", n=len(resumed),
+                                    trials=[f.trial_id for f in resumed])
+            self.logger.warning("closing_abandoned_trials", n=len(abandoned))
             await close_abandoned(abandoned, self._trial_events, runner.ports.log, self._close_quietly, version,
                                   wait_s=ABANDONED_WAIT_S)
         transport = self.config.transport
@@ -202,6 +242,7 @@ class StalenessActor(Actor):
             nursery.start_soon(self._follow_versions)
             nursery.start_soon(watch.run)  # a peer cut off (e.g. a sampler's host) is logged, not a silent pause
             await play_schedule(runner, controller, self.splits, campaign=self.campaign, staleness=self.staleness,
-                                eval_config=self.eval_config, run_temperature=self.temperature, stats=self.stats)
+                                eval_config=self.eval_config, run_temperature=self.temperature, stats=self.stats,
+                                resumed=resumed)
             nursery.cancel_scope.cancel()
         self.logger.info("campaign_schedule_done", policy_version=self.version)

@@ -23,7 +23,7 @@ from tools.chaos._sections import SECTION_KEYS
 ROOT = Path(__file__).resolve().parent.parent
 ZEROS = ("trials_unaccounted", "trials_final_twice", "trials_verified_twice", "continuations_unlinked", "events_duplicated",
          "learner_steps_gap", "trajectories_consumed_twice", "trajectories_consumed_unadmitted",
-         "versions_out_of_order", "weights_mismatched", "orphans")
+         "versions_out_of_order", "weights_mismatched", "orphans", "workspaces_lost")
 
 
 def test_the_plan_is_the_seeds_and_kills_every_role_n_times_over_every_phase():
@@ -133,6 +133,10 @@ def test_the_report_matches_the_log_and_names_what_it_did_not_test(chaos_run):
     restarted = Counter(e.role for e in lifecycle if e.state == "restarted")
     assert all(restarted[f["role"]] >= 1 for f in report["faults"] if f["at_s"] is not None), restarted
     assert report["trials_issued"] == sum(1 for _ in log.events(kinds=["trial_issued"]))
+    # what the kills cost the trials in flight: at most the turn in flight of each is sampled again
+    assert report["turns_resampled_after_kill"] <= report["trials_in_flight_at_kills"], report
+    taken_over = [e for _, e in log.events(kinds=["workspace_recovered"])]
+    assert report["workspaces_recovered"] == sum(e.outcome != "lost" for e in taken_over), taken_over
     assert report["events_checked"] == sum(log.counts().values())
     unselected = {*(key for keys in SECTION_KEYS.values() for key in keys), "positive_controls"}  # their own tests
     assert {item["key"] for item in report["not_tested"]} == set(NOT_TESTED) | unselected

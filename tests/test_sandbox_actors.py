@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -11,7 +12,7 @@ pytest.importorskip("t1_actors.runtime.host")
 
 from _trio import trio_test
 
-from schemas import Cancel, ExecRequest, SandboxClose, SandboxExec, SandboxOpen, VerifierResult, VerifyRequest
+from schemas import Cancel, ExecRequest, Generic, SandboxClose, SandboxExec, SandboxOpen, VerifierResult, VerifyRequest
 from t1_actors.backends._sandbox import cgroups
 from t1_actors.runtime.errors import RemoteError, RequestCancelled
 from t1_actors.runtime.host import serve_actor
@@ -87,7 +88,12 @@ async def test_trial_through_sandbox_and_verifier_actors(tmp_path, actor_config)
                 with pytest.raises(RequestCancelled):  # the runtime refuses a cancelled trial from now on
                     await sandbox.call(ExecRequest(trial_id="c", turn=1, command="true", timeout_s=1), deadline_s=10)
                 assert not list((tmp_path / "sandbox" / "trials").glob("c-*/trial.json"))  # and its root is gone
+                # what a restarted staleness controller asks before resuming a trial in its sandbox
+                held = await sandbox.call(Generic(op="open_sandboxes", args={"trial_ids": ["a", "c", "zz"]}))
+                assert json.loads(held.detail) == ["a"]
                 await sandbox.call(SandboxClose(trial_id="a"), deadline_s=30)
+                held = await sandbox.call(Generic(op="open_sandboxes", args={"trial_ids": ["a"]}))
+                assert json.loads(held.detail) == []
             nursery.cancel_scope.cancel()
 
     import storage

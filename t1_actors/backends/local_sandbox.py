@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from t1_actors.backends._sandbox import cgroups, disk, hostview, seccomp
+from t1_actors.backends._sandbox import cgroups, disk, hostview, reattach, seccomp
 from t1_actors.backends._sandbox.image import Image, SandboxBuildError, build_image
 from t1_actors.backends._sandbox.interface import BuildReport, ExecResult, Sandbox, SandboxBackend, SandboxInfraError
 from t1_actors.backends._sandbox.layers import Layer, RootStack, make_skeleton, remove_tree, unmount_all
@@ -73,6 +73,9 @@ class LocalSandboxConfig(BaseModel):
     seccomp: bool = Field(True, description="every command and build step under a system-call filter like "
                                             "Docker's default profile (no namespaces, mounts, keyrings, bpf, "
                                             "perf, modules; _sandbox/seccomp.py); false: none")
+    snapshots: bool = Field(True, description="a copy of the trial's upper layer when each command starts "
+                                              "(_sandbox/reattach.py), so a command running when the sandbox actor "
+                                              "is killed is rolled back and run again; false: such a trial is lost")
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ class LocalSandboxBackend:
 
     name = "local"
 
-    def __init__(self, config: LocalSandboxConfig | None = None):
+    def __init__(self, config: LocalSandboxConfig | None = None, *, sweep: bool = True):
         self.config = config or LocalSandboxConfig()
         problem = cgroups.available()
         if problem:
@@ -140,7 +143,8 @@ class LocalSandboxBackend:
         self._reaper = threading.Thread(target=self._reap, name="t1-sandbox-reaper", daemon=True)
         self._reaper.start()
         atexit.register(self.wait_torn_down)  # a daemon reaper must not leave mounts behind at exit
-        self.sweep_stale()
+        if sweep:  # else the caller takes over the trials it still wants (adopt), then sweeps
+            self.sweep_stale()
 
     def _reap(self) -> None:
         """Unmount and delete closed trials off the caller's path (umount waits for RCU grace periods)."""
@@ -191,11 +195,38 @@ class LocalSandboxBackend:
                 raise
             raise SandboxInfraError(f"cannot mount the root of trial {trial_id}: {exc}") from exc
         trial_root = TrialRoot(trial_id, stack, upper, image.workdir, {**BASE_ENV, **image.env})
+        reattach.record_mounts(directory, mounted)
         (directory / TRIAL_FILE).write_text(json.dumps(trial_root.to_json()))
         sandbox = LocalSandbox(self, task, trial_id, directory, merged, mounted, trial_root, image.report)
         with self._lock:
             self._open[sandbox.directory.name] = sandbox
         return sandbox
+
+    def adopt(self, task: Task, trial_id: str) -> tuple[LocalSandbox, reattach.Takeover] | None:
+        """Take over the root of ``trial_id`` that a killed process left (its owner dead), rolled back to before the
+        command it was running, if any (``_sandbox/reattach.py``). None when there is no such root; a root that
+        cannot be recovered is deleted and SandboxInfraError says why."""
+        prefix = _SAFE.sub("_", trial_id)[:64] + "-"
+        for directory in self.trials_dir.glob(f"{glob.escape(prefix)}*"):
+            try:
+                trial_root = TrialRoot.from_json(json.loads((directory / TRIAL_FILE).read_text()))
+                owner = int((directory / "owner").read_text())
+            except (OSError, ValueError, KeyError):
+                continue
+            if trial_root.trial_id != trial_id or owner == os.getpid() or _alive(owner):
+                continue
+            try:
+                takeover = reattach.take_over(directory, trial_root.stack, trial_root.upper, directory / "root")
+                (directory / "owner").write_text(str(os.getpid()))
+            except (OSError, SandboxInfraError) as exc:
+                remove_tree(directory)
+                raise SandboxInfraError(f"the workspace of trial {trial_id} is lost: {exc}") from exc
+            sandbox = LocalSandbox(self, task, trial_id, directory, directory / "root", takeover.mounted, trial_root,
+                                   self.image(task).report)
+            with self._lock:
+                self._open[directory.name] = sandbox
+            return sandbox, takeover
+        return None
 
     def _forget(self, sandbox: LocalSandbox) -> None:
         with self._lock:
@@ -214,14 +245,8 @@ class LocalSandboxBackend:
                 except OSError:
                     continue
                 owner = None
-            if owner is not None:
-                try:
-                    os.kill(owner, 0)
-                    continue
-                except ProcessLookupError:
-                    pass
-                except PermissionError:
-                    continue
+            if owner is not None and _alive(owner):
+                continue
             remove_tree(directory)
             swept += 1
         cgroups.sweep_stale()
@@ -236,6 +261,17 @@ class LocalSandboxBackend:
         if self._reaper.is_alive():
             self._teardown.put(None)
             self._reaper.join()
+
+
+def _alive(pid: int) -> bool:
+    """The process exists (one we may not signal counts: it is not ours to sweep)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class LocalSandbox:
@@ -273,6 +309,18 @@ class LocalSandbox:
                 and disk.disk_full(self.directory / disk.MOUNTPOINT, result.stderr)):
             result = dataclasses.replace(result, killed_by="disk")  # it failed with the trial's disk full
         return result
+
+    def begin_command(self, turn: int, command: str) -> float:
+        """Before running a command whose output will be logged: snapshot the workspace (``snapshots``) and record
+        the command as running, until ``end_command``; returns the snapshot's seconds (0 without one)."""
+        self._check_open()
+        seconds = reattach.take_snapshot(self.directory, self.trial_root.upper) if self.backend.config.snapshots else 0.0
+        reattach.mark_running(self.directory, turn, command)
+        return seconds
+
+    def end_command(self) -> None:
+        """The command's output is logged: a kill from now on leaves its effects in the workspace, as they should."""
+        reattach.mark_done(self.directory)
 
     def interrupt(self) -> int:
         """Kill whatever command of this trial is running now (its ``exec`` returns, killed). Thread-safe."""

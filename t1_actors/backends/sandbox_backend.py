@@ -21,9 +21,10 @@ class SandboxConfig(BaseModel):
     daytona: DaytonaSandboxConfig = Field(default_factory=DaytonaSandboxConfig)
 
 
-def open_backend(config: SandboxConfig) -> Any:
-    """The configured backend (blocking: run it in a thread)."""
+def open_backend(config: SandboxConfig, *, sweep: bool = True) -> Any:
+    """The configured backend (blocking: run it in a thread). ``sweep`` False: a local backend leaves the trial
+    roots of dead processes for the caller to take over (``LocalSandboxBackend.adopt``), then to sweep."""
     if config.backend == "daytona":
         return DaytonaSandboxBackend(config.daytona)
 
-    return LocalSandboxBackend(config.local)
+    return LocalSandboxBackend(config.local, sweep=sweep)

@@ -24,6 +24,12 @@ class StalenessConfig(BaseModel):
     on_cancel: Literal["drop", "continue"] = "continue"  # cancelled tail: dropped, or resumed later
     max_in_flight: int = Field(48, gt=0)  # trials (and so sandboxes) running at once, whatever oversample asks
     group_size: int = Field(1, gt=0)  # trials of each task issued one after another (a group, for rloo)
+    # a restarted controller continues its predecessor's train trials mid-trajectory, rebuilt from the log
+    # (rollout.resume); their turn records then keep their routing rows (stored again by the trajectory)
+    resume_after_restart: bool = True
+    # how long a turn waits for its sampler once the sampler stops answering pings (a restarted sampler answers
+    # the turn in flight itself); past it the trial ends as an infrastructure failure
+    sampler_restart_wait_s: float = Field(120.0, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> StalenessConfig:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -107,6 +107,9 @@ class TrialRollout:
     truncations: Counter[str] = field(default_factory=Counter)  # tool_output | turn_tokens -> cuts
     context_edits: list[ContextEdit] = field(default_factory=list)
     routing_rows: RoutingRows = field(default_factory=RoutingRows)  # the turns' rows: views of one buffer
+    # outputs of the last turn's first commands, already run (a trial rebuilt from the log mid-turn,
+    # rollout.resume): a continuation runs only the turn's other commands
+    outputs_so_far: list[str] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -153,16 +156,20 @@ async def run_trial(
 
     Passing the caller's ``rollout`` keeps the partial trial reachable when the caller cancels it, and
     continues a cancelled trial later with its turns (and their policy versions) kept: commands of an
-    assistant turn whose output never arrived are run first. ``render`` is the chat template (t1's own by
-    default; ``ChatTokenizer.apply_chat_template`` for an HF tokenizer's).
+    assistant turn whose output never arrived are run first (but those in ``rollout.outputs_so_far``).
+    ``render`` is the chat template (t1's own by default; ``ChatTokenizer.apply_chat_template`` for an HF
+    tokenizer's).
     """
     rollout = rollout if rollout is not None else TrialRollout()
     if not rollout.messages:
         rollout.messages.extend(first_messages(instruction))
     rollout.finish = "answered"
     if rollout.turns and rollout.messages[-1]["role"] == "assistant" and rollout.turns[-1].commands:
-        if not await _run_commands(rollout, rollout.turns[-1].commands, len(rollout.turns) - 1, execute, limits):
+        done = rollout.outputs_so_far
+        commands = rollout.turns[-1].commands[len(done):]
+        if not await _run_commands(rollout, commands, len(rollout.turns) - 1, execute, limits, done=done):
             return rollout
+        rollout.outputs_so_far = []
     prompt_of = IncrementalPrompt(render, encode)  # renders and tokenizes what each turn adds: linear in the trial
 
     for turn in range(len(rollout.turns), limits.max_turns):
@@ -204,8 +211,8 @@ async def run_trial(
 
 
 async def _run_commands(rollout: TrialRollout, commands: list[str], turn: int, execute: ExecPort,
-                        limits: RolloutLimits) -> bool:
-    outputs = []
+                        limits: RolloutLimits, done: Sequence[str] = ()) -> bool:
+    outputs = list(done)  # the outputs of the turn's commands run before (a rebuilt trial's)
     for command in commands:
         outcome = await execute(command, turn)
         if outcome.infra_error is not None:

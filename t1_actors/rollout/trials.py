@@ -85,8 +85,11 @@ class TrialRunner:
     """Runs trials of tasks through the ports; knows nothing of processes or sockets."""
 
     def __init__(self, ports: TrialPorts, tasks: dict[str, Any], tokenizer, limits: RolloutLimits, run_tag: str = "t",
-                 tito_repairs: Sequence[str] = ()):
+                 tito_repairs: Sequence[str] = (), routing_in_turns: bool = False):
         self.ports, self.tasks, self.limits = ports, tasks, limits
+        # a trained trial's turn records keep their routing rows too (stored again by its trajectory): the log
+        # then holds all a restarted controller needs to resume it with R3 exact (rollout.resume)
+        self.routing_in_turns = routing_in_turns
         self.tokenizer = as_chat_tokenizer(tokenizer)  # a bare tokenizers.Tokenizer is t1's own BPE
         tools = None if self.tokenizer.chat_template is None else [BASH_TOOL]  # an HF template lists the tool
         # t1's own template as itself: the harness then renders a growing chat message by message
@@ -97,6 +100,11 @@ class TrialRunner:
 
     def new_trial_id(self, split: str) -> str:
         return f"{self.run_tag}-{split}-{next(self._ids):06d}"
+
+    def limits_of(self, task_id: str) -> RolloutLimits:
+        """The run's budgets, with the task's own turn cap where it is lower."""
+        max_turns = min(self.limits.max_turns, self.tasks[task_id].limits.max_turns)
+        return RolloutLimits(**{**self.limits.__dict__, "max_turns": max_turns})
 
     async def play(self, trial_id: str, task_id: str, *, rollout: TrialRollout | None = None,
                    sandbox_id: str | None = None, seeded: bool = False, sample_index: int = 0,
@@ -117,17 +125,16 @@ class TrialRunner:
             prefix = TurnPrefix() if previous is None else TurnPrefix.after(
                 previous.prompt_ids, previous.sampled_ids, previous.routing, previous.policy_version, prompt_ids)
             generation = await ports.generate(trial_id, turn, prompt_ids, seed=seed, temperature=temperature,
-                                              prefix=prefix, record_routing=not trained)
+                                              prefix=prefix, record_routing=not trained or self.routing_in_turns)
             return rollout_so_far.routing_rows.full(generation, None if previous is None else previous.routing)
 
         async def execute(command: str, turn: int) -> ToolOutcome:
             return await ports.execute(sandbox_id, turn, command, task.limits.command_timeout_s)
 
-        limits = RolloutLimits(**{**self.limits.__dict__, "max_turns": min(self.limits.max_turns, task.limits.max_turns)})
         rollout_so_far = rollout if rollout is not None else TrialRollout()
         return await run_trial(task.instruction, sample=sample, execute=execute,
                                encode=self.tokenizer.encode, decode=self.tokenizer.decode,
-                               limits=limits, rollout=rollout_so_far, render=self.render)
+                               limits=self.limits_of(task_id), rollout=rollout_so_far, render=self.render)
 
     async def finish(self, trial_id: str, task_id: str, rollout: TrialRollout, *, assemble: bool,
                      sandbox_id: str | None = None) -> TrialOutcome:
@@ -224,13 +231,17 @@ async def run_warmup(runner: TrialRunner, task_ids: list[str], *, concurrency: i
 
 
 @dataclass
-class _InFlight:
+class InFlight:
+    """A train trial being played (or cancelled and waiting for its continuation): its partial rollout lives here."""
+
     trial_id: str
     task_id: str
     rollout: TrialRollout = field(default_factory=TrialRollout)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     sandbox_id: str = ""  # the original trial's: a continuation works on in the same sandbox
     continuations: int = 0
+    why: str = ""  # why it is continued, when not because the batch was cut (a controller's restart)
+    played: bool = False  # its agent loop had ended (rebuilt from the log): the continuation only verifies it
 
     def __post_init__(self) -> None:
         self.sandbox_id = self.sandbox_id or self.trial_id
@@ -252,7 +263,7 @@ class _Batch:
     size: int
     target: int
     admitted: int = 0
-    in_flight: dict[str, _InFlight] = field(default_factory=dict)
+    in_flight: dict[str, InFlight] = field(default_factory=dict)
     changed: trio.Event = field(default_factory=trio.Event)
 
     def poke(self) -> None:
@@ -260,17 +271,18 @@ class _Batch:
         self.changed = trio.Event()
 
 
-async def _train_trial(runner: TrialRunner, flight: _InFlight, batch: _Batch, config: StalenessConfig,
+async def _train_trial(runner: TrialRunner, flight: InFlight, batch: _Batch, config: StalenessConfig,
                        stats: BatchStats, *, fresh: bool) -> None:
     ports = runner.ports
     outcome = None
     with flight.scope:
         if fresh:
             await ports.open_sandbox(flight.sandbox_id, flight.task_id)
-        rollout = await runner.play(flight.trial_id, flight.task_id, rollout=flight.rollout,
-                                    sandbox_id=flight.sandbox_id, trained=True)
+        rollout = flight.rollout if flight.played else await runner.play(
+            flight.trial_id, flight.task_id, rollout=flight.rollout, sandbox_id=flight.sandbox_id, trained=True)
         if rollout.finish == "cancelled":
             return  # stays in flight: the batch's end records the cancellation
+        flight.played = True  # cut from here on (while verified), a continuation only verifies it
         outcome = await runner.finish(flight.trial_id, flight.task_id, rollout, assemble=True,
                                       sandbox_id=flight.sandbox_id)
     if outcome is None:
@@ -302,18 +314,21 @@ async def _train_trial(runner: TrialRunner, flight: _InFlight, batch: _Batch, co
 
 async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config: StalenessConfig, *,
                       until: Callable[[], bool], wait_for_learner: Callable[[int], Awaitable[None]],
-                      stats: BatchStats | None = None, max_batches_ahead: int = 1) -> BatchStats:
+                      stats: BatchStats | None = None, max_batches_ahead: int = 1,
+                      resumed: Sequence[InFlight] = ()) -> BatchStats:
     """Asynchronous rollouts for PPO, one batch at a time.
 
     Batch n keeps ``trials_to_launch(B, oversample)`` trials going (topped up when one is dropped), admits
     a finished trajectory iff its policy lag is within ``max_staleness``, and once B are admitted cancels
     the tail: each cancelled trial is recorded, then dropped or (``on_cancel = "continue"``) resumed in the
     next batch with its tokens and per-token versions kept. Batch n starts only once the learner has
-    reached version n - max_batches_ahead, so rollouts never run further ahead than that.
+    reached version n - max_batches_ahead, so rollouts never run further ahead than that. ``resumed``:
+    trials already cancelled (their decision logged) that the first batch continues the same way, e.g. those
+    a killed controller left mid-trajectory, rebuilt from the log (``rollout.resume``).
     """
     stats = stats or BatchStats()
     ports = runner.ports
-    resumable: list[_InFlight] = []
+    resumable: list[InFlight] = list(resumed)
     number = 0
     while not until():
         await wait_for_learner(number - max_batches_ahead)
@@ -325,13 +340,13 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
             for cancelled in resumable:
                 # A continuation is a new trial id (a cancelled id stays cancelled at every actor), linked by
                 # resumed_from, working in the original's sandbox with the original's turns and versions.
-                flight = _InFlight(f"{cancelled.sandbox_id}~c{cancelled.continuations + 1}", cancelled.task_id,
+                flight = InFlight(f"{cancelled.sandbox_id}~c{cancelled.continuations + 1}", cancelled.task_id,
                                    cancelled.rollout, sandbox_id=cancelled.sandbox_id,
-                                   continuations=cancelled.continuations + 1)
+                                   continuations=cancelled.continuations + 1, played=cancelled.played)
                 await ports.log(StalenessDecision(trial_id=cancelled.trial_id, decision="resume", lag=0,
                                                   policy_version=ports.learner_version(),
                                                   turns=len(flight.rollout.turns), tokens=flight.rollout.tokens,
-                                                  reason=f"continued as {flight.trial_id}"),
+                                                  reason=f"continued as {flight.trial_id}{cancelled.why}"),
                                 TrialIssued(trial_id=flight.trial_id, task_id=flight.task_id, split="train",
                                             policy_version_wanted=ports.learner_version(),
                                             resumed_from=cancelled.trial_id))
@@ -342,7 +357,7 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
             while batch.admitted < batch.size and not until():
                 while len(batch.in_flight) + batch.admitted < batch.target:
                     task_id = next_task()
-                    flight = _InFlight(runner.new_trial_id("train"), task_id)
+                    flight = InFlight(runner.new_trial_id("train"), task_id)
                     await ports.log(TrialIssued(trial_id=flight.trial_id, task_id=task_id, split="train",
                                                 policy_version_wanted=ports.learner_version()))
                     batch.in_flight[flight.trial_id] = flight

@@ -28,6 +28,15 @@ class RequestCancelled(RemoteError):
     """The peer cancelled the handler serving this request (a Cancel for its trial)."""
 
 
+class PeerGone(RuntimeFault):
+    """A call was given up: its peer stopped answering pings and did not come back within the wait."""
+
+    def __init__(self, peer: str, op: str, silent_s: float):
+        self.peer, self.op, self.silent_s = peer, op, silent_s
+        super().__init__(f"{op} to {peer!r} given up: the peer has not answered pings for {silent_s:.0f} s "
+                         "(killed and not restarted, or cut off)")
+
+
 class NoSuchPeer(RuntimeFault):
     """No actor of that role or name is configured."""
 

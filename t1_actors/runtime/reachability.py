@@ -9,18 +9,22 @@ the outage a fact in the log instead of a silent pause:
 
     ActorLifecycle(actor=PEER, state="unreachable", reason="staleness-0: no answer to pings for 3.2 s")
     ActorLifecycle(actor=PEER, state="reachable",   reason="staleness-0: answering again after 11.4 s")
+
+``while_reachable`` bounds such a wait: the call is given up (``PeerGone``) once its peer has been unreachable
+for longer than a wait of the caller's choosing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import trio
 
 from schemas import Record
 from schemas.events import ActorLifecycle, Event
 from schemas.messages import Ping
-from t1_actors.runtime.errors import DeadlineExceeded, RemoteError
+from t1_actors.runtime.errors import DeadlineExceeded, PeerGone, RemoteError
 from t1_actors.runtime.peers import PeerGroup
 
 
@@ -65,6 +69,35 @@ class PeerWatch:
 
     async def _record(self, name: str, state: str, reason: str) -> None:
         await self._log(ActorLifecycle(actor=name, role=self.peers[name], state=state, reason=reason))
+
+
+T = TypeVar("T")
+
+
+async def while_reachable(watch: PeerWatch, name: str, op: str, wait_s: float, call: Callable[[], Awaitable[T]],
+                          *, poll_s: float = 0.5) -> T:
+    """``await call()`` (a call without a deadline to peer instance ``name``), given up with ``PeerGone`` once
+    ``watch`` has seen ``name`` unreachable for longer than ``wait_s`` (counted from its last answered ping).
+
+    A peer killed and restarted in the meantime answers the call itself: a request/reply socket resends a request
+    whose pipe closed (``runtime.nngraw``), so the restarted peer serves the request in flight, once; a peer that
+    is merely slow (pings answered) is waited for without limit."""
+    result: list[T] = []
+    async with trio.open_nursery() as nursery:
+        async def answer() -> None:
+            result.append(await call())
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(answer)
+        while True:
+            since = watch.unreachable.get(name)
+            if since is not None and trio.current_time() - since > wait_s:
+                nursery.cancel_scope.cancel()
+                break
+            await trio.sleep(poll_s)
+    if result:
+        return result[0]
+    raise PeerGone(name, op, trio.current_time() - watch.unreachable.get(name, trio.current_time()))
 
 
 def ping_call(peer_group: Callable[[str], PeerGroup]) -> Callable[[str, float], Awaitable[Record]]:

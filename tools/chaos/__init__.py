@@ -14,7 +14,8 @@
    the pid the supervisor spawned, once that process logged itself serving), so a fault only ever hits a
    live, started process of this run;
 3. after the campaign: ``tools._replay.audit.audit_log`` over the log, and the orphans a run must not leave:
-   a process of the run's tree, a trial root, a mount, a cgroup;
+   a process of the run's tree, a trial root, a mount, a cgroup; what the kills cost the trials in flight
+   (``_resumption.py``: resumed mid-trajectory, turns sampled again, workspaces recovered or lost);
 4. one JSON report (stdout, and RUN/chaos.json). Every count that must be 0 comes with what was checked;
    what issue 23 asks for and this command does not measure is listed in ``not_tested`` with the reason,
    never reported as 0.
@@ -47,6 +48,7 @@ import tomli_w
 from t1_actors.backends.sandbox_backend import SandboxConfig
 from tools.chaos._audit_mutations import audit_mutations
 from tools.chaos._leftovers import Orphans, _alive, _start_time, _tree, find_orphans, leftovers  # _start_time: tests
+from tools.chaos._resumption import KILLS_THAT_CUT_TRIALS, resumption_report
 from tools.chaos._sections import SECTIONS, run_sections, sections_clean
 
 ROLES = ("sampler", "sandbox", "verifier", "critic", "learner", "staleness")
@@ -198,7 +200,7 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
     command = [sys.executable, "-m", "t1_actors.cli", "launch", "--config", str(derived), "--run-dir", str(run_dir)]
     if quick:
         command.insert(command.index("--run-dir"), "--quick")
-    started = time.monotonic()
+    started, started_unix = time.monotonic(), time.time()
     watch = _Watch(run_dir / "log")
     seen: dict[int, str] = {}
     pending = list(faults)
@@ -274,6 +276,9 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
     injected = [f for f in faults if f.at_s is not None]
     a = audit.to_json()
     mutations = audit_mutations(log.events(), run_dir)  # the audit's positive controls, on this very log
+    appended = dict(log.append_times())
+    resumption = resumption_report([(appended[i], e) for i, e in log.events()], [
+        started_unix + f.at_s for f in injected if f.kind == "kill" and f.role in KILLS_THAT_CUT_TRIALS])
     report: dict[str, Any] = {
         "commit": code_version(),
         "config": str(config), "quick": quick, "seed": seed, "run_dir": str(run_dir),
@@ -309,6 +314,7 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
         "audit_clean": a["clean"],
         "audit_examples": a["examples"],
         **mutations,
+        **resumption,
         "orphans": len(orphans.left),
         "orphans_checked": {k: v for k, v in asdict(orphans).items() if k != "left"},
         "orphans_found": orphans.left[:20],
@@ -359,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         zeros = ("trials_unaccounted", "trials_final_twice", "trials_verified_twice", "events_duplicated",
                  "learner_steps_gap", "trajectories_consumed_twice", "trajectories_consumed_unadmitted",
-                 "versions_out_of_order", "weights_mismatched", "orphans")
+                 "versions_out_of_order", "weights_mismatched", "orphans", "workspaces_lost")
         caught = report["audit_mutations"]
         clean = (report["campaign_completed"] and all(report[k] == 0 for k in zeros) and report["events_checked"] > 0
                  and caught["caught"] == caught["tried"] > 0)
