@@ -13,7 +13,7 @@ Keys (a dict keyed by turns where it says so):
   grows as N/2); ``*_eval_30_turns`` an eval trial (turn records only, routing in them);
   ``*_3_versions_30_turns`` a trained trial across two weight updates (a chunk per version);
   ``*_resumable_30_turns`` a trained trial whose turn records keep their routing rows too (``[staleness]
-  resume_after_restart``, the default: a restarted controller resumes it from them, R3 exact).
+  resume_after_restart``, off by default: a restarted controller resumes it from them, R3 exact).
 - ``max_tokens``: the longest trial's tokens.
 - ``harness_cpu_last_over_first``: the harness's CPU per turn (render, tokenize, the turn's record) in the last
   decile of turns over the first, at the most turns; ``*_full_tokenize`` the same with every prompt rendered and

@@ -25,8 +25,10 @@ class StalenessConfig(BaseModel):
     max_in_flight: int = Field(48, gt=0)  # trials (and so sandboxes) running at once, whatever oversample asks
     group_size: int = Field(1, gt=0)  # trials of each task issued one after another (a group, for rloo)
     # a restarted controller continues its predecessor's train trials mid-trajectory, rebuilt from the log
-    # (rollout.resume); their turn records then keep their routing rows (stored again by the trajectory)
-    resume_after_restart: bool = True
+    # (rollout.resume); their turn records then keep their routing rows, which the trajectory stores again: about
+    # twice a trained trial's log bytes (docs/chaos.md). Off: a dead controller's trials are closed, the log stays
+    # ~1.03x its distinct bytes (docs/long_horizons.md); `t1-actor chaos` turns it on
+    resume_after_restart: bool = False
     # how long a turn waits for its sampler once the sampler stops answering pings (a restarted sampler answers
     # the turn in flight itself); past it the trial ends as an infrastructure failure
     sampler_restart_wait_s: float = Field(120.0, gt=0)

@@ -1,7 +1,8 @@
 """A restarted staleness controller closes what its previous incarnation left open (and did not resume).
 
-With ``[staleness] resume_after_restart`` (the default), the train trials still in their agent loop are first
-continued mid-trajectory where their sandbox survives (``rollout.resume``); what is closed here is the rest.
+With ``[staleness] resume_after_restart`` (off by default: its log cost), the train trials still in their agent
+loop are first continued mid-trajectory where their sandbox survives (``rollout.resume``); what is closed here is
+the rest.
 
 A controller killed mid-pass leaves trials issued with no final state: their rollouts lived in the dead
 process's memory, so nobody will ever decide them. Before it plays on, the new controller reads the log

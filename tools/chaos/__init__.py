@@ -54,13 +54,14 @@ from tools.chaos._sections import SECTIONS, run_sections, sections_clean
 ROLES = ("sampler", "sandbox", "verifier", "critic", "learner", "staleness")
 PHASES = ("eval", "warm-up", "RL", "final eval")
 
-# The chaos overrides, applied over the config (and over its [quick.*] tables): a paused actor is noticed
+# The chaos overrides, applied over the config (and over its [quick.*] tables): resumption on, a paused actor is noticed
 # after heartbeat_timeout_s (tiny.toml's 30 s would make every pause half a minute), and the supervisor must
 # not give up on an actor killed N times (restart_limit counts restarts inside restart_window_s).
 HEARTBEAT_TIMEOUT_S = 8.0
 CHAOS_OVERRIDES: dict[str, dict[str, Any]] = {
     "transport": {"heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S},
     "supervisor": {"restart_backoff_max_s": 2.0},  # restart_limit: N kills + pauses + margin, set per run
+    "staleness": {"resume_after_restart": True},  # a killed controller's train trials resume mid-trajectory
 }
 PAUSE_MARGIN_S = 4.0  # a pause lasts the heartbeat timeout plus this: the supervisor's watchdog must see it
 SETTLE_S = 2.0  # a fault hits a process that has been serving this long (past its setup, doing work)
