@@ -39,6 +39,7 @@ def _work_unit(item, quick_modules: set[str]) -> str:
     return "quick_campaign" if module in quick_modules else module
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
     """Each test joins its work unit (an ``xdist_group``: its module, or ``quick_campaign`` for every module
     that reads that run), the longest units first. While .ci/run installs the SGLang venv beside the tests, the
