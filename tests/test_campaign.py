@@ -68,7 +68,8 @@ def test_campaign_runs_all_six_actors_and_logs_every_event_type(quick_campaign):
     from schemas import events as event_module
     event_kinds = {cls.kind for cls in vars(event_module).values()
                    if isinstance(cls, type) and issubclass(cls, event_module.Event) and cls.kind}
-    never = event_kinds - set(counts) - {"sandbox_exec", "context_edited"}
+    never = event_kinds - set(counts) - {"sandbox_exec", "context_edited", "workspace_recovered"}
+    # (a workspace_recovered needs its sandbox actor killed: tests/test_sandbox_reattach.py and the chaos run)
     assert never == set(), f"never logged: {sorted(never)}"
     assert counts["learner_step"] >= 1 and counts["weights_published"] >= 2
     _nothing_was_cut_or_edited_silently(summary, counts, EventLog.open(run_dir / "log"))
