@@ -301,6 +301,8 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview | np.ndarray, offse
 
 def pread_into(fd: int, out: np.ndarray, offset: int) -> int:
     """Fill the C-contiguous ``out`` from byte ``offset``; returns the bytes read (short at EOF)."""
+    if out.nbytes == 0:  # an empty payload (memoryview cannot cast a shape with a zero)
+        return 0
     view = out.data.cast("B")  # ndarray.data: memoryview(out)
     done = 0
     while done < len(view):

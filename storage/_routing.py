@@ -119,7 +119,9 @@ class SetCodec:
         """``routing [T, layers, k]`` (ids below E, range-checked by the caller) -> uint8 rows
         ``[T, row_bytes]``; None if some selection repeats an id (not a set: store it as ids)."""
         tokens = routing.shape[0]
-        columns = np.ascontiguousarray(routing.reshape(-1, self.k).T)  # [k, T * layers]: one column per slot
+        # [k, T * layers]: one column per slot; a copy, as sort_columns sorts in place (and an empty or
+        # already-transposed routing would otherwise be the caller's, possibly read-only, array)
+        columns = routing.reshape(-1, self.k).T.copy()
         columns = sort_columns(columns)
         if self.k > 1 and (columns[1:] == columns[:-1]).any():
             return None

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -121,12 +123,18 @@ def test_flipped_bits_are_named_and_unnoticed_with_checksums_off(tmp_path):
 
 
 @pytest.mark.slow
-def test_wire_section_through_the_command(tmp_path, capsys):
+def test_wire_section_through_the_command(capsys):
     """`t1-actor chaos --only wire`: 10k forged frames and the hostile peers against a live actor under its
     supervisor; none accepted, the good peer always answered, both positive controls succeed."""
-    rc = chaos_main(["--only", "wire", "--run-dir", str(tmp_path / "run"), "--json", "--seed", "4"])
-    report = json.loads(capsys.readouterr().out)
-    assert report == json.loads((tmp_path / "run" / "chaos.json").read_text())
+    # a short run dir: the section's actor sockets live four levels below it, and pytest's tmp_path (longer
+    # still under xdist) leaves no room in the 107 bytes a unix socket path may have
+    short = Path(tempfile.mkdtemp(prefix="t1w-"))
+    try:
+        rc = chaos_main(["--only", "wire", "--run-dir", str(short / "run"), "--json", "--seed", "4"])
+        report = json.loads(capsys.readouterr().out)
+        assert report == json.loads((short / "run" / "chaos.json").read_text())
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
     assert report["frames_fuzzed"] == 10_000 and report["frames_not_rejected"] == 0
     assert report["frames_accepted_forged"] == 0 and report["forged_handled_by_actor"] == 0
     assert report["heartbeats_missed"] == 0 and report["pings_checked"] > 20 and not report["actor_crashed"]

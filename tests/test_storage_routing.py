@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from schemas import SamplerTurn, routing_dtype
 from storage import CorruptionError, EventLog, StorageConfig, as_stored, stored_routing
+from storage._packed import pread_into
 from storage._routing import SetCodec, _sorting_network
 
 OLD_LOG = Path(__file__).parent / "data" / "log_format2"  # written by t1 at 00477d9, before routing sets
@@ -170,3 +171,14 @@ def test_a_torn_sets_pack_file_is_named(tmp_path):
     pack.write_bytes(pack.read_bytes()[:2 * 300 * 49 + 100])
     with pytest.raises(CorruptionError, match=r"array 'routing_sets', chunk \d+: pack file .* ends inside committed rows"):
         EventLog.open(location).verify()
+
+
+def test_an_empty_read_only_routing_encodes_to_no_rows(tmp_path):
+    """Events freeze their arrays; an empty one is its own transpose, so encoding must not sort it in place
+    (was: ValueError 'output array is read-only' on the first empty routing a log met)."""
+    empty = np.zeros((0, 4, 2), np.uint8)
+    empty.flags.writeable = False
+    assert SetCodec(4, 2, 8).encode(empty).shape == (0, SetCodec(4, 2, 8).row_bytes)
+    (tmp_path / "f").write_bytes(b"x")
+    with open(tmp_path / "f", "rb") as f:
+        assert pread_into(f.fileno(), np.zeros(0, np.uint8), 0) == 0  # an empty payload reads as nothing
