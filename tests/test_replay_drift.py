@@ -165,3 +165,39 @@ def test_continued_trial_checks_the_turns_of_the_trial_it_resumes(exact_run, tmp
     out = _drift(run, trial="child")
     assert out["drift_rate_loss"] == 0.0 and out["logprob_record_mismatch"] == 0
     assert out["trajectories"] == 1
+
+
+def _append_two_chunk_trial(run, trial_id: str) -> None:
+    """trial-0's two turns as a new trial whose second turn ran policy version 1: TITO opens a second chunk."""
+    from schemas import TrialIssued
+    from t1_actors import tito
+
+    view = RunView.open(run)
+    turns = sorted((e for _, e in view.by_trial("trial-0") if isinstance(e, SamplerTurn)), key=lambda t: t.turn)
+    turns = [t.model_copy(update={"trial_id": trial_id, "policy_version": i}) for i, t in enumerate(turns[:2])]
+    chunks = tito.assemble(turns, view.tokenizer(), reward=0.0)
+    assert len(chunks) == 2, "a new policy version between two turns opens a chunk"
+    log = EventLog.open(run / "log")
+    with log.writer("two-chunks-0", routing_shape=(2, 2), num_experts=4) as w:
+        w.append(TrialIssued(trial_id=trial_id, task_id="task-0", policy_version_wanted=0))
+        for turn in turns:
+            w.append(turn)
+        for chunk in chunks:
+            w.append(tito.to_event(chunk, trial_id=trial_id, task_id="task-0"))
+        w.commit()
+
+
+def test_limit_checks_whole_trials_as_a_full_run_does(exact_run, tmp_path):
+    """--limit N takes the first N trials with every chunk: a limit falling between a trial's two chunks used to
+    compare one chunk's loss region with the trial's whole sampler stream (a spurious logprob_record_mismatch)."""
+    run = tmp_path / "run"
+    shutil.copytree(exact_run, run)
+    _append_two_chunk_trial(run, "two-chunks")
+    assert _drift(run, trial="two-chunks", limit=1) == _drift(run, trial="two-chunks")
+    view = RunView.open(run)
+    chunks = [e.trial_id for _, e in view.of_kind(TrajectoryAssembled)]
+    trials = list(dict.fromkeys(chunks))
+    first = trials[: trials.index("two-chunks") + 1]
+    out = _drift(run, limit=len(first))
+    assert out["trajectories"] == sum(trial in first for trial in chunks)
+    assert out["logprob_record_mismatch"] == 0 and out["drift_rate_loss"] == 0.0

@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("drift", help="recompute learner logprobs with and without R3 and TITO")
     p.add_argument("run")
-    p.add_argument("--limit", type=int, default=None, help="at most N trajectory chunks (log order)")
+    p.add_argument("--limit", type=int, default=None, help="the first N trials (log order), each with all its chunks")
     p.add_argument("--trial", default=None, help="only this trial")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or HF tokenizer directory (default: the run's)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")

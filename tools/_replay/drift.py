@@ -352,7 +352,12 @@ def whole_turns(turns: list[SamplerTurn]) -> list[SamplerTurn]:
 
 
 def drift_of_run(view, *, limit: int | None = None, tokenizer=None, trial: str | None = None) -> dict:
-    """Drift of every logged trajectory chunk of a run (``view``: a ``RunView``), as one JSON-able dict."""
+    """Drift of every logged trajectory chunk of a run (``view``: a ``RunView``), as one JSON-able dict.
+
+    ``limit``: only the first ``limit`` trials (log order of their first chunk), each with every chunk it has, so
+    that each of them is measured and checked exactly as a run without the limit checks it (a trial's loss region
+    is compared with its sampler's whole stream: a trial cut between its chunks would not match it).
+    """
     report = DriftReport()
     parents = {e.trial_id: e.resumed_from for _, e in view.of_kind(TrialIssued)}
     own_turns = view.sampler_turns()
@@ -365,7 +370,8 @@ def drift_of_run(view, *, limit: int | None = None, tokenizer=None, trial: str |
     versions_of_trial = {tid: {int(v) for c in cs for v in np.asarray(c.token_versions)[np.asarray(c.loss_mask) > 0]}
                          for tid, cs in every_trial.items()}
     if limit is not None:
-        chunks = chunks[:limit]
+        first_trials = set(list(every_trial)[:limit])  # every_trial: in log order of each trial's first chunk
+        chunks = [traj for traj in chunks if traj.trial_id in first_trials]
     for traj in chunks:
         turns = turns_by_trial.get(traj.trial_id, [])
         temperature = turns[0].temperature if turns else 1.0
