@@ -149,7 +149,8 @@ class VerifierResult(Event):
 
 @register
 class TrialEnded(Event):
-    """How a trial's agent loop ended, before its verification: ``answered``, ``max_turns``, ``context``,
+    """How a trial's agent loop ended, before its verification: ``answered``, ``turn_tokens`` (its last turn was cut
+    at ``max_new_tokens``, never an answer; the cut is also in ``truncations``), ``max_turns``, ``context``,
     ``timeout`` (the task's agent timeout), ``cancelled``, ``sampler_error`` or ``infra_error`` (the sandbox
     could not be built or failed: never the agent's fault), ``token_budget`` (its total of generated tokens was
     spent); its assistant turns, generated tokens and wall time, and every cut counted (nothing is cut silently)."""

@@ -96,8 +96,8 @@ def _nothing_was_cut_or_edited_silently(summary, counts, log):
     finishes = summary["finishes"]
     assert set(finishes) <= {"train", "warmup", "eval"}
     assert sum(sum(f.values()) for f in finishes.values()) == counts["trial_ended"]
-    assert set().union(*finishes.values()) <= {"answered", "max_turns", "context", "token_budget", "cancelled",
-                                                "sampler_error", "infra_error", "timeout", "abandoned"}
+    assert set().union(*finishes.values()) <= {"answered", "turn_tokens", "max_turns", "context", "token_budget",
+                                                "cancelled", "sampler_error", "infra_error", "timeout", "abandoned"}
     assert set().union(*summary["truncations"].values()) <= {"tool_output", "turn_tokens"}
 
 

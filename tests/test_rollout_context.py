@@ -136,6 +136,17 @@ def test_a_spent_token_budget_ends_the_trial_and_a_cut_turn_is_counted():
     assert cut.truncations["turn_tokens"] == 1
 
 
+def test_a_turn_cut_at_max_new_tokens_ends_its_trial_as_turn_tokens_not_answered():
+    """The cut turn ends the trial (its text is no answer, its tool call never runs): summary.json's ``finishes``
+    tells it from an answer, and ``truncations`` counts the cut."""
+    cut = trio.run(lambda: run_trial(INSTRUCTION, sample=scripted_agent(["partial answer"], finish_reason="length"),
+                                     execute=shell("-"), encode=encode, decode=decode, limits=RolloutLimits()))
+    assert cut.finish == "turn_tokens" and len(cut.turns) == 1 and cut.truncations == {"turn_tokens": 1}
+    answered = trio.run(lambda: run_trial(INSTRUCTION, sample=scripted_agent(["done"]), execute=shell("-"),
+                                          encode=encode, decode=decode, limits=RolloutLimits()))
+    assert answered.finish == "answered" and not answered.truncations
+
+
 def test_endings_are_counted_per_split_from_the_log():
     events = [TrialIssued(trial_id="a", task_id="t", split="train", policy_version_wanted=0),
               TrialIssued(trial_id="b", task_id="t", split="eval", policy_version_wanted=0),
@@ -143,8 +154,8 @@ def test_endings_are_counted_per_split_from_the_log():
                             messages_edited=4),
               TrialEnded(trial_id="a", finish="max_turns", truncations={"tool_output": 2}, context_edits=1),
               TrialEnded(trial_id="b", finish="context"),
-              TrialEnded(trial_id="c", finish="answered", truncations={"turn_tokens": 1})]
+              TrialEnded(trial_id="c", finish="turn_tokens", truncations={"turn_tokens": 1})]
     endings = trial_endings(enumerate(events))
-    assert endings["finishes"] == {"eval": {"context": 1}, "train": {"max_turns": 1}, "unknown": {"answered": 1}}
+    assert endings["finishes"] == {"eval": {"context": 1}, "train": {"max_turns": 1}, "unknown": {"turn_tokens": 1}}
     assert endings["truncations"] == {"eval": {}, "train": {"tool_output": 2}, "unknown": {"turn_tokens": 1}}
     assert endings["context_edits"] == {"train": {"window": 1}}

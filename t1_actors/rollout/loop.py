@@ -100,7 +100,8 @@ class TrialRollout:
 
     turns: list[TurnRecord] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
-    # answered | max_turns | context | token_budget | cancelled | sampler_error | infra_error
+    # answered | turn_tokens (the last turn cut at max_new_tokens) | max_turns | context | token_budget | cancelled
+    # | sampler_error | infra_error
     finish: str = "answered"
     infra_error: str | None = None
     started: float = field(default_factory=time.monotonic)  # a continuation keeps its original's start
@@ -200,6 +201,7 @@ async def run_trial(
         commands = [c for c in commands if isinstance(c, str) and c.strip()]
         if generation.finish_reason == "length":  # cut at max_new_tokens: counted, never silent
             rollout.truncations["turn_tokens"] += 1
+            rollout.finish = "turn_tokens"  # the trial ends below: a cut turn is no answer
         rollout.turns.append(TurnRecord(prompt_ids, generation, text, commands))
         rollout.messages.append(message)
         if not commands or generation.finish_reason != "stop":
