@@ -2,13 +2,15 @@
 
 The suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``, pyproject's addopts; ``-n 0`` runs it in
 one process). A test module is one work unit, so its module-scoped fixtures (a campaign each) run once; the
-modules that read the session's ``quick_campaign`` are one unit, so it runs once too. A test marked ``alone``
+modules that read the session's ``quick_campaign`` are one unit (which runs it; a module elsewhere that warm-starts
+from it waits for that run and shares it). A test marked ``alone``
 (and every ``netns`` test) runs with no other test at the same time: its assertions time heartbeats and outages,
 and two namespace tests would share bridge names."""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import tempfile
 import time
@@ -181,13 +183,27 @@ def tiny_model():
 
 
 @pytest.fixture(scope="session")
-def quick_campaign(tmp_path_factory):
-    """The one micro ``--quick`` campaign of the session (tests/fixtures/campaign.py), run on first use and
+def quick_campaign(tmp_path_factory, worker_id):
+    """The one micro ``--quick`` campaign of the test run (tests/fixtures/campaign.py), run on first use and
     read by every test that only needs a finished run: its summary, report, log, weights and tokenizer.
-    Tests must not write into it; one that needs to change a run copies it first."""
-    from fixtures.campaign import run_micro_campaign
+    Tests must not write into it; one that needs to change a run copies it first.
 
-    return run_micro_campaign(tmp_path_factory.mktemp("quick-campaign"))
+    Under pytest-xdist it is run once for all workers: the first to ask runs it under a file lock in the run's
+    common temp directory, a later one waits for the lock and reads the result (a module that warm-starts from
+    it need not share the readers' work unit)."""
+    from fixtures.campaign import CampaignRun, run_micro_campaign
+
+    if worker_id == "master":  # one process (-n 0)
+        return run_micro_campaign(tmp_path_factory.mktemp("quick-campaign"))
+    shared = tmp_path_factory.getbasetemp().parent  # pytest-N/, above each worker's popen-gwK/
+    result = shared / "quick-campaign.json"
+    with open(shared / "quick-campaign.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.exists():
+            run = run_micro_campaign(tmp_path_factory.mktemp("quick-campaign"))
+            result.write_text(json.dumps({**run._asdict(), "run_dir": str(run.run_dir), "tmp": str(run.tmp)}))
+        done = json.loads(result.read_text())
+    return CampaignRun(done["returncode"], done["output"], Path(done["run_dir"]), Path(done["tmp"]))
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,12 @@
 """The main job on a REAL SGLang server: `t1-actor launch --quick` with `[sampler] backend = "sglang"` and
 `sglang_server = "local"` (the campaign starts the server through the launcher, for version 0, and stops it).
 
-The tests' micro campaign (tests/fixtures/campaign.py) with only the sampler's backend changed. What must hold on
-the real engine: the campaign completes, every event kind is logged, the log's audit is clean, every turn was
-served by the run's one SGLang start (never a silent fallback to torch), the learner's published versions
-reached the server (turns at later versions), and `t1-replay drift` finds SGLang's logprobs and routing equal
-to what t1's own policy recomputes from the log. The SGLang venv comes from CI's set-up (.ci/setup-sglang):
+The tests' micro campaign (tests/fixtures/campaign.py) with only the sampler's backend changed, warm-started from
+the session's quick campaign (its tokenizer and SFT policy). What must hold on the real engine: the campaign
+completes, every event kind is logged, the log's audit is clean, every turn was served by the run's one SGLang
+start (never a silent fallback to torch), the learner's published versions reached the server (turns at later
+versions), and `t1-replay drift` finds SGLang's logprobs and routing equal to what t1's own policy recomputes
+from the log. The SGLang venv comes from CI's set-up (.ci/setup-sglang):
 missing, this FAILS saying so, it never skips.
 """
 
@@ -28,12 +29,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang_venv]
 
 
 @pytest.fixture(scope="module")
-def sglang_run(tmp_path_factory):
+def sglang_run(tmp_path_factory, quick_campaign):
     check_venv(sglang_venv())  # a clear failure naming .ci/setup-sglang, before a campaign is started
     tmp = tmp_path_factory.mktemp("campaign-sglang")
     run_dir = tmp / "run"
-    # the server's context and the trials as before the long-horizon settings of the micro config
-    campaign = {"max_turns": 3, "max_context": 768, "context_strategy": "end", "tool_output_chars": 240}
+    # the server's context and the trials as before the long-horizon settings of the micro config; warm-started
+    # from the session's quick campaign (its tokenizer and SFT policy: what is under test is the sampler)
+    campaign = {"max_turns": 3, "max_context": 768, "context_strategy": "end", "tool_output_chars": 240,
+                "warm_start_from": str(quick_campaign.run_dir)}
     process = launch(micro_config(tmp, sampler={"backend": "sglang", "sglang_server": "local"}, campaign=campaign),
                      run_dir)
     output, _ = process.communicate(timeout=1200)
