@@ -42,10 +42,15 @@ class StorageConfig(BaseModel):
         "sets", description="sets: each (token, layer) top-k selection stored as its combinatorial number "
         "(log2 C(E, k) bits; read back sorted ascending within the set); ids: one id per byte (E <= 256) "
         "in the order given. Logs of format 2 and shapes whose sets need more than 64 bits keep ids")
-    codec: Literal["lz4", "lz4hc", "zstd", "zlib", "none"] = "none"
-    clevel: int = Field(1, ge=0, le=9)
-    numeric_shuffle: Shuffle = "bitshuffle"
-    routing_shuffle: Shuffle = "noshuffle"
+    codec: Literal["lz4", "lz4hc", "zstd", "zlib", "none"] = Field(
+        "none", description="Blosc compressor of the log's arrays (routing sets excepted: already at their entropy); "
+        "none: raw bytes, packed into one file per array on a directory; a codec trades CPU for smaller token "
+        "arrays and keeps zarr's one-file-per-chunk layout")
+    clevel: int = Field(1, ge=0, le=9, description="compression level of codec (0: none, 9: smallest, slowest)")
+    numeric_shuffle: Shuffle = Field("bitshuffle", description="Blosc shuffle filter of every array but routing ids "
+                                     "(token ids, masks, logprobs, headers) when a codec is set")
+    routing_shuffle: Shuffle = Field("noshuffle", description="Blosc shuffle filter of the routing ids array "
+                                     "(routing stored as ids) when a codec is set")
     reserve_min_bytes: int = Field(64 << 10, ge=0, description="writes to a packed array of at least this "
                                    "many bytes (routing records) first reserve their disk blocks in one call "
                                    "(fallocate; ~1.35x faster writes on ext4, used there only); 0 turns it off")

@@ -45,19 +45,26 @@ class CriticConfig(BaseModel):
 
     warmup_trajectories: int = Field(0, ge=0, description="warm-up trials to expect before valuing (0: no warm-up)")
     warmup_batch: int = Field(32, gt=0, description="trajectories per forward during warm-up")
-    threads: int = Field(1, gt=0)
+    threads: int = Field(1, gt=0, description="torch threads of the critic process")
     max_tokens_per_microbatch: int = Field(
         32768, ge=64,
         description="the most token positions one forward/backward of the value model holds: its own key, as the "
                     "critic is its own process (and a position costs it no logits); same rule as [learner]'s")
-    seed: int = 0
-    poll_interval_s: float = Field(0.05, gt=0)
+    seed: int = Field(0, description="seed of the value updates' minibatch shuffles, and of fresh trunk weights "
+                                     "when there is neither a policy_path nor a published version")
+    poll_interval_s: float = Field(0.05, gt=0, description="how often the critic reads the run's log for warm-up "
+                                                          "trials, admitted trials and learner steps")
 
 
 class CriticOptions(BaseModel):
+    """``[[actors]] options`` of a critic: where its value model's trunk comes from."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy_path: str | None = None
+    policy_path: str | None = Field(None, description="a saved policy (HF Qwen3-MoE dir) whose weights start the "
+                                                      "value model's trunk ([ppo] value_init_from_policy); None: the "
+                                                      "newest version published in the log, else fresh weights from "
+                                                      "[model] and [critic] seed")
 
 
 class CriticActor(Actor):

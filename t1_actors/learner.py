@@ -45,7 +45,9 @@ class LearnerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backend: Literal["torch", "megatron"] = "torch"
+    backend: Literal["torch", "megatron"] = Field(
+        "torch", description="torch: the PPO step in plain PyTorch; megatron: on a megatron-core GPTModel (the "
+                             "megatron extra; trains the whole policy only: [ppo] actor_params = ['*'])")
     batch_size: int | None = Field(None, gt=0,
                                    description="admitted trials per PPO step; None = [staleness] batch_size")
     replay: bool = Field(True, description="R3: the training forward replays the sampler's routing")
@@ -56,16 +58,25 @@ class LearnerConfig(BaseModel):
                     "as groups of rows, a chunk longer than it in segments that keep only the earlier segments' K/V "
                     "(same loss and gradients); memory then grows with a chunk only by its K/V and their gradients. "
                     "The default holds today's 32 x 768-token batches in one pass")
-    threads: int = Field(2, gt=0)
-    seed: int = 0
-    poll_interval_s: float = Field(0.05, gt=0)
-    publish_deadline_s: float = Field(60.0, gt=0)
+    threads: int = Field(2, gt=0, description="torch threads of the learner process")
+    seed: int = Field(0, description="seed of the minibatch shuffles, and of fresh initial weights when there is "
+                                     "neither a policy_path nor a published version")
+    poll_interval_s: float = Field(0.05, gt=0, description="how often the learner reads the run's log for newly "
+                                                          "admitted trials and critic values")
+    publish_deadline_s: float = Field(60.0, gt=0, description="time each sampler has to acknowledge a new policy "
+                                                              "version; a sampler that misses it is logged, not "
+                                                              "waited for")
 
 
 class LearnerOptions(BaseModel):
+    """``[[actors]] options`` of a learner: where its first policy comes from."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy_path: str | None = None
+    policy_path: str | None = Field(None, description="a saved policy (HF Qwen3-MoE dir) to start from as version 0; "
+                                                      "None: the newest version published in the log, else fresh "
+                                                      "weights from [model] and [learner] seed, published as "
+                                                      "version 0")
 
 
 def _hex(record) -> str:

@@ -45,10 +45,13 @@ class SamplerOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy_path: str | None = None  # a saved policy (HF Qwen3-MoE dir); None: fresh weights from [model] and seed
-    initial_version: int = Field(0, ge=0)
-    seed: int = 0
-    ready_timeout_s: float = Field(300.0, gt=0)  # how long a request waits for the backend to come up
+    policy_path: str | None = Field(None, description="a saved policy (HF Qwen3-MoE dir) to serve first; None: "
+                                                      "fresh weights from [model] and seed (torch backend). The "
+                                                      "campaign sets it to the SFT policy")
+    initial_version: int = Field(0, ge=0, description="the policy version the first policy is served (and its turns "
+                                                      "logged) as; later versions come from the learner")
+    seed: int = Field(0, description="seed of the fresh weights when policy_path is None (torch backend)")
+    ready_timeout_s: float = Field(300.0, gt=0, description="how long a request waits for the backend to come up")
 
 
 

@@ -30,8 +30,13 @@ class CampaignConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    seed: int = 0
-    tokenizer_vocab: int = Field(1024, ge=300)
+    seed: int = Field(0, description="seed of the SFT warm start (initial weights, example order) and of the "
+                                     "critic's warm-up tasks and RL's task order (eval turns are seeded by task, "
+                                     "not by it)")
+    tokenizer_vocab: int = Field(1024, ge=300, description="ids of the byte-level BPE trained on the SFT tasks "
+                                                           "(special tokens and the 256 bytes included; it may stop "
+                                                           "short on a small corpus); [model] vocab_size becomes its "
+                                                           "size. Unused with tokenizer or warm_start_from")
     tokenizer: str | None = Field(None, description="an HF tokenizer directory (tokenizer.json + tokenizer_config.json "
                                                     "with its chat_template, e.g. .cache/qwen3-tokenizer) used instead "
                                                     "of training t1's BPE: its template renders SFT chats (with "
@@ -41,22 +46,29 @@ class CampaignConfig(BaseModel):
                                                         "a step budget makes two runs of one seed the same")
     sft_seconds: float = Field(1800.0, gt=0, description="upper bound on SFT's wall time (the whole budget when "
                                                          "sft_steps is None)")
-    sft_batch_size: int = Field(32, gt=0)
-    sft_lr: float = Field(1e-3, gt=0)
-    sft_max_len: int = Field(640, gt=16)
-    sft_threads: int = Field(2, gt=0)
+    sft_batch_size: int = Field(32, gt=0, description="examples per SFT optimiser step")
+    sft_lr: float = Field(1e-3, gt=0, description="SFT learning rate (AdamW)")
+    sft_max_len: int = Field(640, gt=16, description="longest SFT example in tokens: longer oracle chats are left out")
+    sft_threads: int = Field(2, gt=0, description="torch threads of the SFT phase")
     sft_oracle_workers: int = Field(2, gt=0, description="sandboxes executing oracles at once before SFT")
     sft_anchor_every: int = Field(2, ge=0, description="every n-th SFT step trains on one fixed anchor batch "
                                                        "(0: never); see warmstart.supervised_finetune")
-    warmup_trials: int = Field(64, ge=0)
+    warmup_trials: int = Field(64, ge=0, description="critic warm-up trials played by the SFT policy on distinct "
+                                                     "RL tasks before RL (0: no warm-up); see [critic] "
+                                                     "warmup_trajectories")
     rl_steps: int | None = Field(None, ge=0, description="PPO steps (admitted batches) of the RL phase; None: "
                                                         "until rl_seconds")
     rl_seconds: float = Field(660.0, ge=0, description="upper bound on the RL phase's wall time (the whole budget "
                                                        "when rl_steps is None)")
-    eval_concurrency: int = Field(32, gt=0)
-    max_turns: int = Field(4, gt=0)
-    max_new_tokens: int = Field(64, gt=0)
-    max_context: int = Field(768, gt=32)
+    eval_concurrency: int = Field(32, gt=0, description="trials played at once by the eval passes and the critic's "
+                                                        "warm-up (a local SGLang server is sized for it too)")
+    max_turns: int = Field(4, gt=0, description="assistant turns of a trial at most (a task's own lower cap wins); "
+                                                "finish = max_turns")
+    max_new_tokens: int = Field(64, gt=0, description="tokens one turn may generate; a turn cut there ends its trial "
+                                                      "(finish = turn_tokens)")
+    max_context: int = Field(768, gt=32, description="tokens a turn's prompt plus its max_new_tokens may fill; what "
+                                                     "happens when the next prompt would not fit: context_strategy. "
+                                                     "At most [model] max_position")
     tool_output_chars: int = Field(240, gt=0, description="a longer tool output is cut (counted: truncations)")
     max_total_new_tokens: int | None = Field(None, gt=0, description="a trial's total of generated tokens, checked "
                                              "between turns (finish = token_budget); None: no total")
@@ -66,8 +78,12 @@ class CampaignConfig(BaseModel):
                            "fit (each edit logged, and a new TITO chunk of the trial)")
     keep_last_turns: int = Field(2, ge=0, description="drop_old_outputs keeps the outputs of this many last turns "
                                                       "(0: the latest output too becomes the marker)")
-    actor_ready_timeout_s: float = Field(120.0, gt=0)
-    finish_timeout_s: float = Field(600.0, gt=0)  # after rl_seconds: last steps and the final eval
+    actor_ready_timeout_s: float = Field(120.0, gt=0, description="start-up allowance of the actors phase: "
+                                                                  "every local actor must be ready within 3x this; "
+                                                                  "2x it also counts in the phase's overall deadline")
+    finish_timeout_s: float = Field(600.0, gt=0, description="after rl_seconds: the learner has half of it to train "
+                                                             "the batches already admitted before the final eval; "
+                                                             "the whole counts in the actors phase's deadline")
     warm_start_from: str | None = Field(None, description="a previous run's directory: reuse its tokenizer and "
                                                           "SFT policy (version 0) instead of phases 2-3")
     tito_repairs: list[Literal["normalized", "retokenized"]] = Field(

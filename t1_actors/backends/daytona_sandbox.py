@@ -44,8 +44,10 @@ class DaytonaSandboxConfig(BaseModel):
     target: str | None = Field(None, description="Daytona region")
     snapshot: str | None = Field(None, description="create every sandbox from this snapshot (fastest)")
     image: str = Field("python:3.12-slim", description="image for tasks without a Dockerfile")
-    create_timeout_s: float = Field(180.0, gt=0)
-    delete_timeout_s: float = Field(60.0, gt=0)
+    create_timeout_s: float = Field(180.0, gt=0, description="time Daytona has to create a trial's sandbox; past it "
+                                                            "the trial fails as an infrastructure error")
+    delete_timeout_s: float = Field(60.0, gt=0, description="time Daytona has to delete a sandbox (on close, or "
+                                                           "after a failed create)")
     auto_stop_minutes: int = Field(15, ge=0, description="Daytona stops a forgotten sandbox after this idle time")
     name_prefix: str = Field("t1-", description="sandbox names are prefix + trial id (make it unique per run)")
     state_by_polling: bool = Field(False, description="observe sandbox state by polling instead of the event stream")

@@ -81,31 +81,52 @@ class SamplerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backend: Literal["torch", "sglang"] = "torch"
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(256, gt=0)
-    capture_routing: bool = True
+    backend: Literal["torch", "sglang"] = Field(
+        "torch", description="torch: the policy in the sampler's own process, with continuous batching (the torch "
+                             "keys below); sglang: an SGLang server over HTTP (the sglang keys below)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of the training trials (eval "
+                                                      "passes also try [eval] temperatures); the learner takes its "
+                                                      "logprobs at it too ([ppo] temperature)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: draw from the smallest set of most likely "
+                                                      "tokens whose probability reaches top_p (1: off); the stored "
+                                                      "logprobs are taken before top-p")
+    max_new_tokens: int = Field(256, gt=0, description="not read by a campaign: every request carries its own turn "
+                                                       "budget, [campaign] max_new_tokens")
+    capture_routing: bool = Field(True, description="return the experts every MoE layer chose for each token, "
+                                                    "which the learner replays (R3); sglang needs a server started "
+                                                    "with --enable-return-routed-experts")
     # torch backend
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    max_batch: int = Field(64, gt=0)
-    batch_window_s: float = Field(0.005, ge=0)  # gather concurrent requests before a prefill
-    prefix_cache_tokens: int = Field(65536, ge=0)  # KV kept for sessions' next turns (0: off)
-    torch_threads: int = Field(0, ge=0)  # 0: leave torch's default
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="torch backend: dtype the sampler runs the "
+                                                                        "policy in (bfloat16: half the memory, "
+                                                                        "logprobs further from the learner's)")
+    max_batch: int = Field(64, gt=0, description="torch backend: most sequences decoded together; more requests "
+                                                 "wait for a free row")
+    batch_window_s: float = Field(0.005, ge=0, description="torch backend: after idling, wait this long to gather "
+                                                           "concurrent requests into one prefill (0: start at once)")
+    prefix_cache_tokens: int = Field(65536, ge=0, description="torch backend: KV-cache tokens kept for sessions' "
+                                                              "next turns, so a trial's next turn prefills only its "
+                                                              "new tokens (0: off)")
+    torch_threads: int = Field(0, ge=0, description="torch backend: torch threads of the sampler process (0: "
+                                                    "leave torch's default)")
     # sglang backend
     sglang_server: Literal["external", "local"] = Field(
         "external", description="external: a running server at sglang_url; local: the campaign starts one on "
                                 "this machine's CPU for the run's policy (t1-sglang-serve) and stops it at the end")
-    sglang_url: str = "http://127.0.0.1:30000"
+    sglang_url: str = Field("http://127.0.0.1:30000", description="sglang backend: the server's base URL (an "
+                                                                   "external server; a local one's is set by the "
+                                                                   "campaign)")
     sglang_venv: str | None = Field(None, description="the SGLang venv of a local server (None: $T1_SGLANG_VENV, "
                                                       "else .venv-sglang at the repository root; .ci/setup-sglang)")
-    sglang_start_timeout_s: float = Field(300.0, gt=0)
+    sglang_start_timeout_s: float = Field(300.0, gt=0, description="time a local server has to start and answer "
+                                                                   "/health (each restart too)")
     sglang_restart_limit: int = Field(3, ge=0, description="a local server that dies is restarted (with the run's "
                                                            "latest published weights) at most this many times")
     sglang_restart_backoff_s: float = Field(2.0, ge=0, description="wait before a local server's restart, doubled "
                                                                    "per restart")
-    request_timeout_s: float = Field(600.0, gt=0)
-    weight_update_timeout_s: float = Field(600.0, gt=0)
+    request_timeout_s: float = Field(600.0, gt=0, description="sglang backend: HTTP timeout of a request to the "
+                                                              "server, a whole generation included (connecting: 10 s)")
+    weight_update_timeout_s: float = Field(600.0, gt=0, description="sglang backend: time the server has to load a "
+                                                                    "newly published policy version")
 
 
 @asynccontextmanager

@@ -16,9 +16,14 @@ class SandboxConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backend: Literal["local", "daytona"] = "local"
-    local: LocalSandboxConfig = Field(default_factory=LocalSandboxConfig)
-    daytona: DaytonaSandboxConfig = Field(default_factory=DaytonaSandboxConfig)
+    backend: Literal["local", "daytona"] = Field(
+        "local", description="local: bubblewrap sandboxes on the sandbox actor's host ([sandbox.local]); daytona: "
+                             "remote Daytona sandboxes ([sandbox.daytona], the daytona extra). SFT's "
+                             "oracles always run in local ones")
+    local: LocalSandboxConfig = Field(default_factory=LocalSandboxConfig,
+                                      description="the local backend's settings: the [sandbox.local] table")
+    daytona: DaytonaSandboxConfig = Field(default_factory=DaytonaSandboxConfig,
+                                          description="the Daytona backend's settings: the [sandbox.daytona] table")
 
 
 def open_backend(config: SandboxConfig, *, sweep: bool = True) -> Any:

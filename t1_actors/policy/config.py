@@ -12,20 +12,26 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    vocab_size: int = Field(1024, gt=0)
-    hidden_size: int = Field(160, gt=0)
-    num_layers: int = Field(4, gt=0)
-    num_heads: int = Field(4, gt=0)
-    num_kv_heads: int = Field(2, gt=0)
-    head_dim: int = Field(40, gt=0)
-    num_experts: int = Field(8, gt=0)
-    top_k: int = Field(2, gt=0)
-    moe_intermediate_size: int = Field(320, gt=0)
-    norm_topk_prob: bool = True
-    rope_theta: float = Field(10000.0, gt=0)
-    rms_norm_eps: float = Field(1e-6, gt=0)
-    max_position: int = Field(2048, gt=0)
-    tie_word_embeddings: bool = False
+    vocab_size: int = Field(1024, gt=0, description="token ids of the embedding and the LM head; a campaign sets "
+                                                    "it to its tokenizer's size ([campaign] tokenizer_vocab or "
+                                                    "tokenizer)")
+    hidden_size: int = Field(160, gt=0, description="width of the residual stream")
+    num_layers: int = Field(4, gt=0, description="decoder layers; every one has an MoE MLP (and a routing record)")
+    num_heads: int = Field(4, gt=0, description="attention (query) heads per layer")
+    num_kv_heads: int = Field(2, gt=0, description="key/value heads per layer (grouped-query attention); num_heads "
+                                                   "must be a multiple of it")
+    head_dim: int = Field(40, gt=0, description="width of one attention head")
+    num_experts: int = Field(8, gt=0, description="routed experts per MoE layer")
+    top_k: int = Field(2, gt=0, description="experts each token is routed to per layer (at most num_experts)")
+    moe_intermediate_size: int = Field(320, gt=0, description="hidden width of one expert's SwiGLU MLP")
+    norm_topk_prob: bool = Field(True, description="renormalise the gate weights of the top_k selected experts to "
+                                                   "sum to 1; false: their plain softmax probabilities")
+    rope_theta: float = Field(10000.0, gt=0, description="base of the rotary position embedding (RoPE)")
+    rms_norm_eps: float = Field(1e-6, gt=0, description="epsilon of the RMSNorm layers")
+    max_position: int = Field(2048, gt=0, description="longest sequence the model is meant for: the checkpoint's "
+                                                      "max_position_embeddings (SGLang's context length); [campaign] "
+                                                      "max_context must not exceed it")
+    tie_word_embeddings: bool = Field(False, description="the LM head shares the token embedding's weights")
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:

@@ -18,20 +18,29 @@ class StalenessConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    batch_size: int = Field(32, gt=0)  # admitted trajectories per learner step
-    max_staleness: int = Field(1, ge=0)  # admit iff learner_version - trial_version <= this
-    oversample: float = Field(0.25, ge=0)  # launch ceil(batch * (1 + oversample)) trials per batch
-    on_cancel: Literal["drop", "continue"] = "continue"  # cancelled tail: dropped, or resumed later
-    max_in_flight: int = Field(48, gt=0)  # trials (and so sandboxes) running at once, whatever oversample asks
-    group_size: int = Field(1, gt=0)  # trials of each task issued one after another (a group, for rloo)
-    # a restarted controller continues its predecessor's train trials mid-trajectory, rebuilt from the log
-    # (rollout.resume); their turn records then keep their routing rows, which the trajectory stores again: about
-    # twice a trained trial's log bytes (docs/chaos.md). Off: a dead controller's trials are closed, the log stays
-    # ~1.03x its distinct bytes (docs/long_horizons.md); `t1-actor chaos` turns it on
-    resume_after_restart: bool = False
-    # how long a turn waits for its sampler once the sampler stops answering pings (a restarted sampler answers
-    # the turn in flight itself); past it the trial ends as an infrastructure failure
-    sampler_restart_wait_s: float = Field(120.0, gt=0)
+    batch_size: int = Field(32, gt=0, description="admitted trajectories per learner step")
+    max_staleness: int = Field(1, ge=0, description="admit a finished trajectory iff learner_version - "
+                                                    "trial_version <= this (trial_version: the oldest policy version "
+                                                    "that sampled one of its tokens); 0: on-policy only")
+    oversample: float = Field(0.25, ge=0, description="launch batch_size + ceil(batch_size * oversample) trials per "
+                                                      "batch, so the slowest can be cut once the batch is full")
+    on_cancel: Literal["drop", "continue"] = Field(
+        "continue", description="the tail cut when a batch is full: dropped, or continued in the next batch with its "
+                                "tokens and per-token policy versions kept")
+    max_in_flight: int = Field(48, gt=0, description="trials (and so sandboxes) running at once, whatever oversample "
+                                                     "asks; at least batch_size")
+    group_size: int = Field(1, gt=0, description="trials of each task issued one after another (a group, for [ppo] "
+                                                 "advantage_estimator = 'rloo'); 1 = the recipe")
+    resume_after_restart: bool = Field(
+        False, description="a restarted controller continues its predecessor's train trials mid-trajectory, rebuilt "
+                           "from the log (rollout.resume); their turn records then keep their routing rows, which the "
+                           "trajectory stores again: about twice a trained trial's log bytes (docs/chaos.md). false: a "
+                           "dead controller's trials are closed, the log stays ~1.03x its distinct bytes "
+                           "(docs/long_horizons.md); `t1-actor chaos` turns it on")
+    sampler_restart_wait_s: float = Field(
+        120.0, gt=0, description="how long a turn waits for its sampler once the sampler stops answering pings (a "
+                                 "restarted sampler answers the turn in flight itself); past it the trial ends as an "
+                                 "infrastructure failure")
 
     @model_validator(mode="after")
     def _check(self) -> StalenessConfig:

@@ -44,7 +44,8 @@ class _Strict(BaseModel):
 class RunSection(_Strict):
     """Identity and place of the run."""
 
-    id: str = Field("tiny", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    id: str = Field("tiny", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                    description="the run's name: bound as run_id on every log line and the start of its trial ids")
     dir: Path = Field(Path("runs/tiny"), description="run directory: event log, weights, sockets, resolved config")
     hmac_key: SecretStr | None = Field(None, description=f"per-run message key; else the {RUN_KEY_ENV} environment "
                                        "variable; `t1-actor launch` makes a fresh one when neither is set")
@@ -62,7 +63,9 @@ class TransportSection(_Strict):
     """Control-plane deadlines and heartbeats. Bulk transfers have no deadline."""
 
     control_deadline_s: float = Field(5.0, gt=0, description="default deadline of a control-plane call")
-    heartbeat_interval_s: float = Field(1.0, gt=0)
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="each actor sends the supervisor a heartbeat this "
+                                        "often, and the supervisor checks for silent actors as often; must be below "
+                                        "heartbeat_timeout_s")
     heartbeat_timeout_s: float = Field(5.0, gt=0, description="a peer silent this long is reported by name")
     max_message_age_s: float = Field(120.0, gt=0, description="older (or further in the future) messages are "
                                      "rejected as replays; also bounds clock skew between hosts")
@@ -84,7 +87,7 @@ class SupervisorSection(_Strict):
 
     address: str | None = Field(None, description="heartbeat address; default ipc://<run dir>/sock/supervisor")
     restart_backoff_s: float = Field(0.5, ge=0, description="first restart delay; doubles per restart")
-    restart_backoff_max_s: float = Field(10.0, ge=0)
+    restart_backoff_max_s: float = Field(10.0, ge=0, description="cap on the doubling restart delay")
     restart_limit: int = Field(5, ge=0, description="restarts of one actor before the supervisor gives up on it")
     restart_window_s: float = Field(300.0, gt=0, description="restarts older than this no longer count")
     restart_unresponsive: bool = Field(True, description="kill and restart a local actor whose heartbeats stop")
@@ -95,8 +98,12 @@ class SupervisorSection(_Strict):
 class ActorSpec(_Strict):
     """One actor instance: a process."""
 
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    role: str = Field(min_length=1, pattern=r"^[a-z][a-z0-9_]*$")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                      description="the actor's name, unique in the run (e.g. sampler-0): peers, logs and the "
+                                  "supervisor know it by this name")
+    role: str = Field(min_length=1, pattern=r"^[a-z][a-z0-9_]*$",
+                      description="what it does: a role of the role table (sampler, sandbox, verifier, critic, "
+                                  "learner, staleness), or any name with actor_class")
     address: str | None = Field(None, description="control (request/reply) address; default ipc://<run dir>/sock/<name>")
     bulk_address: str | None = Field(None, description="bulk (push/pull) address; default: the control address "
                                      "with '.bulk' appended (ipc) or port + 1 (tcp)")

@@ -16,12 +16,17 @@ class TasksConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    seed: int = 0
-    train_size: int = Field(2000, ge=0)  # synthetic train tasks
-    eval_size: int = Field(320, ge=0)  # synthetic eval tasks (under ~300 a gain of a few points is noise)
-    families: list[str] | None = None  # synthetic families to draw from; None: every available one
-    task_dirs: list[str] = []  # trees of own / Terminal-Bench / Harbor task directories, added to task_dirs_split
-    task_dirs_split: Split = "eval"
+    seed: int = Field(0, description="seed of the synthetic task draws: the same seed and sizes give the same tasks")
+    train_size: int = Field(2000, ge=0, description="synthetic train tasks (SFT warm start and RL; see rl_size)")
+    eval_size: int = Field(320, ge=0, description="synthetic single-requirement eval tasks (under ~300 a gain of a "
+                                                  "few points is noise)")
+    families: list[str] | None = Field(None, description="synthetic task families to draw from, taken in turn (a "
+                                                         "family named twice is drawn twice as often); None: every "
+                                                         "available one")
+    task_dirs: list[str] = Field([], description="trees of own / Terminal-Bench / Harbor task directories, added to "
+                                                 "the task_dirs_split split")
+    task_dirs_split: Split = Field("eval", description="the split the task_dirs tasks join: train (SFT and RL, "
+                                                       "never carved out by rl_size) or eval")
     rl_size: int = Field(0, ge=0, description="the last rl_size synthetic train tasks are kept out of the SFT warm "
                                               "start (tokenizer, oracle pool): RL draws only from them; 0 = SFT and "
                                               "RL share the whole train split")

@@ -36,16 +36,22 @@ class PPOConfig(BaseModel):
 
     clip_eps: float = Field(0.2, gt=0, lt=1, description="actor clip range eps of the surrogate")
     value_clip_eps: float = Field(0.2, gt=0, description="critic clip range eps_v of the value loss")
-    gamma: float = Field(1.0, ge=0, le=1)
-    lam: float = Field(1.0, ge=0, le=1)
+    gamma: float = Field(1.0, ge=0, le=1, description="discount per action (token) of GAE and of the returns the "
+                                                      "critic fits (recipe: 1)")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda: 1 = Monte Carlo return minus the value (no "
+                                                    "bias from the critic, more variance); lower leans on the critic "
+                                                    "(recipe: 1)")
     reward_scale: int = Field(REWARD_SCALE, gt=0, description="S in r = P / S")
     actor_lr: float = Field(1.5e-4, gt=0, description="the probe found 1e-4..2e-4 helps, 5e-4 hurts")
     critic_lr: float | None = Field(None, gt=0, description="None = critic_lr_ratio * actor_lr")
     critic_lr_ratio: float = Field(30.0, gt=0, description="paper: 1.5e-5 / 1.0e-6 = 15..30x; recipe 30x")
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.1, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    adam_betas: tuple[float, float] = Field((0.9, 0.98), description="AdamW (beta1, beta2) of the actor and the "
+                                                                     "critic, each in [0, 1)")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay of the weight matrices (norms and biases "
+                                                       "are not decayed)")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradients of the actor and the critic are clipped to this "
+                                                        "global L2 norm before each optimiser step")
     policy_optimizer: Literal["adamw", "sgd"] = Field(
         "adamw", description="the actor's optimiser (the critic keeps AdamW); sgd: each update is at most "
                              "actor_lr * max_grad_norm long, along the gradient")
@@ -68,9 +74,12 @@ class PPOConfig(BaseModel):
         "gae", description="gae: A_j = GAE over the critic's values (the recipe); rloo: A = R - the mean reward "
                            "of the other trials of the same task in the batch (needs [staleness] group_size > 1; "
                            "a trial alone in its group keeps its GAE advantage)")
-    entropy_coef: float = Field(0.0, ge=0)
+    entropy_coef: float = Field(0.0, ge=0, description="weight of an entropy bonus in the policy loss (recipe: 0, "
+                                                       "none; the entropy is still reported)")
     moe_aux_loss_coef: float = Field(0.0, ge=0, description="MoE load-balancing loss coefficient (recipe: 0)")
-    critic_warmup_epochs: int = Field(1, ge=0)
+    critic_warmup_epochs: int = Field(1, ge=0, description="passes of the critic's warm-up over the warm-up trials' "
+                                                           "trajectories, before it values any training trajectory "
+                                                           "([critic] warmup_trajectories)")
     value_init_from_policy: bool = Field(True, description="start the critic trunk from the policy's weights")
 
     @model_validator(mode="after")

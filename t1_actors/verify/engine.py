@@ -64,7 +64,7 @@ class VerifierConfig(BaseModel):
 
     base_dir: str = Field("/tmp/t1-verifier", description="pristine tests store and per-run scratch")
     memory_mb: int = Field(2048, gt=0, description="memory cap of one verification (pytest + the code it runs)")
-    pids_max: int = Field(256, gt=8)
+    pids_max: int = Field(256, gt=8, description="processes + threads of one verification (fork bombs stop here)")
     max_scan_entries: int = Field(200_000, gt=0, description="tamper scan stops (and flags) past this many paths")
     install_test_dependencies: bool = Field(True, description="pip-install test deps the verifier's env lacks "
                                                               "(once per requirement set, into base_dir/deps)")
