@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from t1_actors.rollout.admission import StalenessConfig
@@ -249,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         result["goal"] = GOAL
         result["goal_met"] = None if result["actor_system_ratio"] is None else result["actor_system_ratio"] >= GOAL
         result["bench_seconds"] = round(time.monotonic() - started, 1)
+    except Exception as error:  # the bench still ends with its JSON line, naming what stopped it
+        traceback.print_exc()
+        result["error"] = f"{type(error).__name__}: {error}"
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

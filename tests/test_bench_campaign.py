@@ -123,8 +123,10 @@ def test_the_bench_runs_both_sides_on_a_tiny_budget(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "campaign.py"), "--steps", "1", "--batch", "4",
                           "--sft-steps", "10", "--keep", str(tmp_path / "work")],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert out.returncode == 0, (result.get("six_processes_error"), out.stderr[-3000:])
+    lines = out.stdout.strip().splitlines()
+    assert lines, f"the bench printed nothing (exit {out.returncode}): {out.stderr[-3000:]}"
+    result = json.loads(lines[-1])
+    assert out.returncode == 0, (result.get("error"), result.get("six_processes_error"), out.stderr[-3000:])
     for side in ("six_processes", "one_process"):
         figures = result[side]
         assert figures["steps"] == 1 and figures["trajectories"] == 4, side
