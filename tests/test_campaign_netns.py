@@ -9,7 +9,8 @@ this machine), its actors talking over tcp://, and the link of the sampler's hos
 gpu-0 and gpu-1 start their actors one per process (``t1-actor ROLE --config RUN/config.resolved.json``),
 as on a cluster. After the first PPO step gpu-0's link goes down for three heartbeat timeouts: the
 supervisor (by heartbeats) and the staleness controller (by pings) must record the sampler ``unreachable``
-in the log, then ``reachable`` once the link is back, and the campaign must finish every PPO step.
+in the log, then ``reachable`` once the link is back, the campaign must finish every PPO step, and the
+sampler must serve turns again after the link is back.
 Root only (skipped otherwise; as root without ``ip`` it fails): CI runs it.
 """
 
@@ -141,7 +142,10 @@ def test_a_campaign_on_three_hosts_survives_a_cut_link_and_logs_it(tmp_path, mon
 
     assert set(PLACEMENT) | {"campaign", "supervisor"} <= segments  # every host wrote to S3
     steps = [(times[eid], e) for eid, e in events if isinstance(e, LearnerStep)]
-    assert len(steps) == 3 and any(t > mended_at for t, _ in steps)  # recovered: PPO went on after the cut
+    assert len(steps) == 3  # every PPO step; on a fast host the trials already sampled carry them through the cut
+    # recovered: the sampler behind the cut link served turns again (the evals after RL need it)
+    turns_after = sorted(times[eid] for eid, e in events if isinstance(e, SamplerTurn) and times[eid] > mended_at)
+    assert turns_after, "no sampled turn reached the log after the link came back"
     # the sampler on gpu-0 loaded versions the learner on gpu-1 published (by location and sha256)
     assert max(e.policy_version for eid, e in events if isinstance(e, SamplerTurn)) >= 1
 
@@ -157,4 +161,4 @@ def test_a_campaign_on_three_hosts_survives_a_cut_link_and_logs_it(tmp_path, mon
                 for observer in ("supervisor", "staleness-0")}
     print(json.dumps({"netns_campaign_wall_s": round(wall_s, 1), "outage_s": OUTAGE_S,
                       "recovered_after_s": recovery,
-                      "next_step_after_s": round(min(t for t, _ in steps if t > mended_at) - mended_at, 2)}))
+                      "next_turn_after_s": round(turns_after[0] - mended_at, 2)}))

@@ -37,6 +37,21 @@ def test_defaults_and_derived_addresses():
     assert config.section(ModelConfig).num_experts == 8  # registered lazily, defaults when absent
 
 
+def test_a_deep_run_dir_puts_its_sockets_in_a_short_dir_of_its_own(tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    config, again = (parse_config(cfg(run={"id": "t", "dir": str(deep)})) for _ in range(2))
+    other = parse_config(cfg(run={"id": "t", "dir": str(deep / "other")}))
+    address = config.bulk_address(config.actor("s0"))
+    assert address.startswith("ipc:///tmp/t1-sock-") and len(address) - len("ipc://") <= 107
+    assert address == again.bulk_address(again.actor("s0"))  # every process of the run derives the same path
+    assert config.socket_dir != other.socket_dir  # and another run its own
+
+
+def test_an_explicit_ipc_address_past_107_bytes_is_refused():
+    with pytest.raises(ConfigError, match="longer than the 107 bytes"):
+        parse_config(cfg(actors=[{"name": "a", "role": "sampler", "address": "ipc:///" + "x" * 120}]))
+
+
 def test_tcp_bulk_address_is_port_plus_one():
     config = parse_config(cfg(actors=[{"name": "a", "role": "sampler", "address": "tcp://10.0.0.1:7000"}]))
     assert config.bulk_address(config.actor("a")) == "tcp://10.0.0.1:7001"

@@ -13,6 +13,7 @@ Errors are ``ConfigError`` naming the file, the key path and the fix; nothing st
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -27,6 +28,7 @@ from t1_actors.layout import log_location
 
 RUN_KEY_ENV = "T1_RUN_KEY"
 MIN_KEY_CHARS = 16
+UNIX_SOCKET_PATH_BYTES = 107  # sun_path holds 108 bytes, the last one a NUL
 QUICK_KEY = "quick"  # [quick.*] tables: overrides that --quick applies (the <= 5 min CI campaign)
 
 S = TypeVar("S", bound=BaseModel)
@@ -177,14 +179,22 @@ class RuntimeConfig(BaseModel):
 
     @property
     def socket_dir(self) -> Path:
-        return self.run.dir / "sock"
+        """Where the default ipc sockets live: ``RUN/sock``, or, when a socket path there would pass the 107
+        bytes a unix socket allows (a deep run dir), ``/tmp/t1-sock-UID/<hash of RUN/sock>``: the same path for
+        every process on the host that reads this config, one directory per run."""
+        here = (self.run.dir / "sock").resolve()
+        longest = max([len(b"supervisor")] + [len(f"{spec.name}.bulk".encode()) for spec in self.actors])
+        if len(str(here).encode()) + 1 + longest <= UNIX_SOCKET_PATH_BYTES:
+            return here
+        digest = hashlib.sha256(str(here).encode()).hexdigest()[:16]
+        return Path("/tmp") / f"t1-sock-{os.getuid()}" / digest
 
     @property
     def supervisor_address(self) -> str:
-        return self.supervisor.address or f"ipc://{(self.socket_dir / 'supervisor').resolve()}"
+        return self.supervisor.address or f"ipc://{self.socket_dir / 'supervisor'}"
 
     def control_address(self, spec: ActorSpec) -> str:
-        return spec.address or f"ipc://{(self.socket_dir / spec.name).resolve()}"
+        return spec.address or f"ipc://{self.socket_dir / spec.name}"
 
     def bulk_address(self, spec: ActorSpec) -> str:
         if spec.bulk_address:
@@ -243,9 +253,9 @@ def check_address(address: str, owner: str) -> None:
         port = int(rest.rsplit(":", 1)[1])
         if not 0 < port < 65535:
             raise ValueError(f"{owner}: tcp port {port} out of range")
-    if scheme == "ipc" and len(rest.encode()) > 107:
-        raise ValueError(f"{owner}: ipc path {rest!r} is longer than the 107 bytes a unix socket allows; "
-                         "use a shorter run dir or set the address explicitly")
+    if scheme == "ipc" and len(rest.encode()) > UNIX_SOCKET_PATH_BYTES:
+        raise ValueError(f"{owner}: ipc path {rest!r} is longer than the {UNIX_SOCKET_PATH_BYTES} bytes a unix "
+                         "socket allows; set a shorter address")
 
 
 def _address_key(address: str) -> str:

@@ -61,7 +61,7 @@ class RejectLog:
 
 def _prepare_listen(address: str) -> None:
     if address.startswith("ipc://"):
-        Path(address[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True)
+        Path(address[len("ipc://"):]).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 def _listen(sock: pynng.Socket, address: str, what: str) -> None:
