@@ -86,7 +86,7 @@ class TaskAudit:
 # ---------------------------------------------------------------- static checks
 
 
-_QUIET = re.compile(r"^\s*(cd\b|#|set\s|true\b|:|ls\b|pwd\b|(echo|cat|printf)\b[^>|]*$)")
+_QUIET = re.compile(r"^\s*(cd\b|#|set\s|true\b|:|ls\b|pwd\b|(echo|cat|printf|grep)\b[^>|]*$)")
 
 
 def oracle_steps(task: Task) -> list[str]:
@@ -121,7 +121,7 @@ def _has_compound(lines: list[str]) -> bool:
 def shortcut_variants(steps: list[str]) -> dict[str, list[str]]:
     """Partial and mutated oracles: every proper prefix, and the oracle with one effectful step dropped.
 
-    Steps that cannot change the workspace (cd, comments, set, plain echo/cat/ls) are never dropped:
+    Steps that cannot change the workspace (cd, comments, set, plain echo/cat/grep/ls) are never dropped:
     leaving them out is not a shortcut.
     """
     variants: dict[str, list[str]] = {}

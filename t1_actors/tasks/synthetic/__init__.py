@@ -13,6 +13,9 @@ in both: ``replace every 'pink' with 'song'`` -> ``sed -i 's/pink/song/g'``, ``g
 Splits are disjoint by construction: a task belongs to the split its (family, instruction) hashes
 to, so no instruction of the train split ever appears in the eval split, whatever the seeds.
 Generation is deterministic in (split, n, seed, families).
+
+``LONG_FAMILIES`` (``_long``: chain, pipeline, explore) take 8-14 turns, each step reading what an earlier
+one printed; they are drawn only where ``families`` names them, never by default.
 """
 
 from __future__ import annotations
@@ -26,18 +29,22 @@ from t1_actors.tasks.model import Split, Task
 from t1_actors.tasks.synthetic._composite import compose, composite_name, draw_parts
 from t1_actors.tasks.synthetic._draft import Draft, Family, render_tests
 from t1_actors.tasks.synthetic._files import FAMILIES as _FILE_FAMILIES
+from t1_actors.tasks.synthetic._long import FAMILIES as _LONG_FAMILIES
 from t1_actors.tasks.synthetic._recovery import recovery_split, with_missing_directory
 from t1_actors.tasks.synthetic._text import FAMILIES as _TEXT_FAMILIES
 from t1_actors.tasks.synthetic._tools import FAMILIES as _TOOL_FAMILIES
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (*_FILE_FAMILIES, *_TEXT_FAMILIES, *_TOOL_FAMILIES)}
+# Long families (8-14 turns, each step reading an earlier output): drawn only when named ([tasks] families),
+# so the default set, and every run that does not name them, stays as it was.
+LONG_FAMILIES: dict[str, Family] = {f.name: f for f in _LONG_FAMILIES}
+_KNOWN: dict[str, Family] = {**FAMILIES, **LONG_FAMILIES}
 EVAL_PERCENT = 20  # share of each family's instruction space that belongs to the eval split
 TEST_FILE = "test_outputs.py"
 _MAX_ATTEMPTS = 500
 
-__all__ = ["EVAL_PERCENT", "FAMILIES", "available_families", "generate", "generate_composite", "generate_nested",
-           "generate_recovery",
-           "split_of"]
+__all__ = ["EVAL_PERCENT", "FAMILIES", "LONG_FAMILIES", "available_families", "generate", "generate_composite",
+           "generate_nested", "generate_recovery", "split_of"]
 
 
 def split_of(family: str, instruction: str) -> Split:
@@ -47,12 +54,13 @@ def split_of(family: str, instruction: str) -> Split:
 
 
 def available_families(families: Iterable[str] | None = None) -> list[str]:
-    """The families asked for (default: all) whose tools exist here (the sandbox root shares /usr)."""
+    """The families asked for (default: all of ``FAMILIES``; a long one only by name) whose tools exist here
+    (the sandbox root shares /usr)."""
     names = list(FAMILIES) if families is None else list(families)
-    unknown = [name for name in names if name not in FAMILIES]
+    unknown = [name for name in names if name not in _KNOWN]
     if unknown:
-        raise ValueError(f"unknown synthetic families {unknown}; known: {sorted(FAMILIES)}")
-    return [name for name in names if all(shutil.which(tool) for tool in FAMILIES[name].needs)]
+        raise ValueError(f"unknown synthetic families {unknown}; known: {sorted(_KNOWN)}")
+    return [name for name in names if all(shutil.which(tool) for tool in _KNOWN[name].needs)]
 
 
 def generate(split: Split, n: int, seed: int = 0, families: Iterable[str] | None = None) -> list[Task]:
@@ -71,7 +79,7 @@ def generate(split: Split, n: int, seed: int = 0, families: Iterable[str] | None
     seen: set[str] = set()
     tasks = []
     for index in range(n):
-        family = FAMILIES[names[index % len(names)]]
+        family = _KNOWN[names[index % len(names)]]
         task = _draw_task(family, split, seed, index, seen)
         seen.add(task.instruction)
         tasks.append(task)
@@ -99,7 +107,7 @@ def generate_composite(split: Split, n: int, seed: int = 0, families: Iterable[s
         return []
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    pool = [FAMILIES[name] for name in available_families(families)]
+    pool = [_KNOWN[name] for name in available_families(families)]
     if len(pool) < 3:
         raise ValueError(f"composite tasks need at least 3 families, got {[f.name for f in pool]}")
     seen: set[str] = set()
@@ -183,10 +191,11 @@ def _new_draft(key: str, draw, seen: set[str], what: str):
 
 
 def _writing_families(families: Iterable[str] | None) -> list[Family]:
-    """The available families whose oracle writes a new file: the ones with recovery tasks and nested twins."""
+    """The available single-turn families whose oracle writes a new file: the ones with recovery tasks and
+    nested twins. Long families are their own kind of task and never wrapped so, whatever the list names."""
     probe = random.Random("t1-recovery/eligible")
     return [FAMILIES[name] for name in available_families(families)
-            if with_missing_directory(FAMILIES[name].draw(probe), probe) is not None]
+            if name in FAMILIES and with_missing_directory(FAMILIES[name].draw(probe), probe) is not None]
 
 
 def _draw_draft(family: Family, split: Split, rng: random.Random) -> Draft:
