@@ -199,3 +199,24 @@ def test_t1_audit_passes_one_task_of_each_long_family():
             assert audit.ok, audit.to_json()
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_long_toml_mixes_long_tasks_into_every_split(quick):
+    """configs/long.toml: >= 40 turns, a 4096-token context with a context strategy, and the long families in
+    SFT's, RL's, validation's and eval's tasks beside the single-turn and recovery ones."""
+    from pathlib import Path
+
+    from t1_actors.job.config import load_config
+    from t1_actors.schedule import CampaignConfig
+    from t1_actors.tasks.config import TasksConfig, build_task_sets
+
+    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "long.toml", quick=quick)
+    campaign = config.section(CampaignConfig)
+    assert campaign.max_turns >= 40 and campaign.max_context >= 4096 and campaign.context_strategy != "end"
+    sets = build_task_sets(config.section(TasksConfig))
+    for split in (sets.sft, sets.rl, sets.validation, sets.eval):
+        families = {t.family for t in split}
+        assert families & set(LONG) and families - set(LONG), families
+    assert any(t.metadata["area"] == "recovery" for t in sets.eval) and any(t.metadata["area"] == "recovery"
+                                                                           for t in sets.rl)
