@@ -52,6 +52,13 @@ def test_oracles_are_long_and_vary(drawn):
         assert all(len(command) <= 72 for t in tasks for command in t.oracle.commands), name
 
 
+def test_a_long_task_has_the_turns_its_oracle_and_answer_need(drawn):
+    """A task's own turn cap wins over the run's: the default 8 would end every long oracle before its end."""
+    for tasks in drawn.values():
+        assert all(t.limits.max_turns >= len(t.oracle.commands) + 1 for t in tasks)
+    assert all(t.limits.max_turns == 8 for t in generate("train", len(FAMILIES), seed=0))  # the others as they were
+
+
 def test_checks_unique_and_within_the_reward_scale(drawn):
     for tasks in drawn.values():
         for task in tasks:

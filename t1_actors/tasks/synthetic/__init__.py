@@ -221,4 +221,5 @@ def _task(family: str, area: str, split: Split, draft: Draft, parts: list[str] |
         tests={"files": {TEST_FILE: tests}, "targets": [TEST_FILE]},
         source_format="synthetic",
         metadata={"area": area, "checks": len(draft.checks), **({"parts": parts} if parts else {})},
+        limits=draft.limits,
     )

@@ -41,6 +41,7 @@ class Draft:
     files: dict[str, str | bytes] = field(default_factory=dict)  # absolute path -> content
     modes: dict[str, int] = field(default_factory=dict)  # absolute path -> mode, when not 0o644
     env: dict[str, str] = field(default_factory=dict)
+    limits: dict[str, float] = field(default_factory=dict)  # the task's Limits, where not the defaults (8 turns)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,10 @@ import random
 
 from t1_actors.tasks.synthetic._draft import NAMES, WORDS, Check, Draft, Family, distinct, identifier, text
 
+# A task's own turn cap wins over [campaign] max_turns: the default (8) is below these oracles' 9-14 turns (and
+# their answer turn), so a long task lets the run's cap decide, up to 40 turns, with the wall time to match.
+LIMITS = {"max_turns": 40, "agent_timeout_s": 600.0}
+
 
 def _chain_body(paths: list[str], index: int, word: str) -> str:
     """The text of chain file ``index``: the next path, or the end word for the last one."""
@@ -64,6 +68,7 @@ def chain(rng: random.Random) -> Draft:
         commands=commands,
         checks=checks,
         files=files,
+        limits=LIMITS,
     )
 
 
@@ -158,6 +163,7 @@ def pipeline(rng: random.Random) -> Draft:
         commands=commands,
         checks=checks,
         files=files,
+        limits=LIMITS,
     )
 
 
@@ -200,6 +206,7 @@ def explore(rng: random.Random) -> Draft:
         commands=commands,
         checks=checks,
         files=files,
+        limits=LIMITS,
     )
 
 
