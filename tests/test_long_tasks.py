@@ -221,6 +221,7 @@ def test_long_toml_mixes_long_tasks_into_every_split(quick):
     config = load_config(Path(__file__).resolve().parent.parent / "configs" / "long.toml", quick=quick)
     campaign = config.section(CampaignConfig)
     assert campaign.max_turns >= 40 and campaign.max_context >= 4096 and campaign.context_strategy != "end"
+    assert campaign.sft_max_len >= 1024  # SFT keeps the long oracle chats (530-830 tokens + the system prompt)
     sets = build_task_sets(config.section(TasksConfig))
     for split in (sets.sft, sets.rl, sets.validation, sets.eval):
         families = {t.family for t in split}
