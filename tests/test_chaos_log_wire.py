@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -123,18 +121,14 @@ def test_flipped_bits_are_named_and_unnoticed_with_checksums_off(tmp_path):
 
 
 @pytest.mark.slow
-def test_wire_section_through_the_command(capsys):
+def test_wire_section_through_the_command(capsys, tmp_path):
     """`t1-actor chaos --only wire`: 10k forged frames and the hostile peers against a live actor under its
-    supervisor; none accepted, the good peer always answered, both positive controls succeed."""
-    # a short run dir: the section's actor sockets live four levels below it, and pytest's tmp_path (longer
-    # still under xdist) leaves no room in the 107 bytes a unix socket path may have
-    short = Path(tempfile.mkdtemp(prefix="t1w-"))
-    try:
-        rc = chaos_main(["--only", "wire", "--run-dir", str(short / "run"), "--json", "--seed", "4"])
-        report = json.loads(capsys.readouterr().out)
-        assert report == json.loads((short / "run" / "chaos.json").read_text())
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
+    supervisor; none accepted, the good peer always answered, both positive controls succeed. The run dir is
+    pytest's deep tmp_path: the runtime moves sockets that would pass 107 bytes to a short dir of their own."""
+    run_dir = tmp_path / "run"
+    rc = chaos_main(["--only", "wire", "--run-dir", str(run_dir), "--json", "--seed", "4"])
+    report = json.loads(capsys.readouterr().out)
+    assert report == json.loads((run_dir / "chaos.json").read_text())
     assert report["frames_fuzzed"] == 10_000 and report["frames_not_rejected"] == 0
     assert report["frames_accepted_forged"] == 0 and report["forged_handled_by_actor"] == 0
     assert report["heartbeats_missed"] == 0 and report["pings_checked"] > 20 and not report["actor_crashed"]
