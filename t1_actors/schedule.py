@@ -53,6 +53,9 @@ class CampaignConfig(BaseModel):
     sft_oracle_workers: int = Field(2, gt=0, description="sandboxes executing oracles at once before SFT")
     sft_anchor_every: int = Field(2, ge=0, description="every n-th SFT step trains on one fixed anchor batch "
                                                        "(0: never); see warmstart.supervised_finetune")
+    sft_length_buckets: int = Field(0, ge=0, description="> 0: each SFT batch is drawn from one of this many "
+                                                         "groups of oracle chats of similar length, so it pads to "
+                                                         "about its own length (0: from the whole pool)")
     warmup_trials: int = Field(64, ge=0, description="critic warm-up trials played by the SFT policy on distinct "
                                                      "RL tasks before RL (0: no warm-up); see [critic] "
                                                      "warmup_trajectories")

@@ -14,6 +14,7 @@ from t1_actors.warmstart.finetune import (
     DONE_TEXT,
     chat_corpus,
     execute_oracle_pool,
+    length_buckets,
     oracle_messages,
     sft_example,
     supervised_finetune,
@@ -90,6 +91,27 @@ def test_the_anchor_batch_is_one_fixed_batch_the_model_memorises(tiny_model):
     assert report.losses[-1] < report.losses[0] - 1.0  # measured under load at 10 steps: 5.98 -> 3.23
     with pytest.raises(ValueError, match="anchor_every must be >= 0"):
         supervised_finetune(model, examples, seconds=1, batch_size=4, lr=1e-3, pad_id=pad, anchor_every=-1)
+
+
+def test_length_buckets_cut_batches_that_pad_less(tiny_model):
+    torch.set_num_threads(1)
+    # a pool of short and long chats, as long.toml's single-turn and long families give
+    examples = [(np.ones(n, dtype=np.int64), np.ones(n, dtype=np.float32)) for n in [20] * 30 + [120] * 30]
+    groups = length_buckets(examples, 2)
+    assert [len(g) for g in groups] == [30, 30] and {len(ids) for ids, _ in groups[0]} == {20}
+    assert sum(len(g) for g in length_buckets(examples, 7)) == 60 and len(length_buckets(examples[:3], 8)) == 3
+
+    def padding(buckets: int) -> float:
+        torch.manual_seed(0)
+        model = MoEPolicy(tiny_model(vocab_size=64, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1,
+                                     head_dim=16, num_experts=2, top_k=1))
+        return supervised_finetune(model, examples, seconds=60, steps=12, batch_size=8, lr=1e-3, pad_id=0,
+                                   buckets=buckets).padding
+
+    # random batches of the mix pad most short rows to 120; batches within a bucket never pad here
+    assert padding(0) > 0.3 and padding(2) == 0.0
+    with pytest.raises(ValueError, match="buckets must be >= 0"):
+        padding(-1)
 
 
 def test_a_warm_start_fitted_on_this_runs_rl_tasks_is_refused(tmp_path):

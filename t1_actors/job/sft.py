@@ -84,11 +84,13 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
     pad_id = special_token_ids(tokenizer)["<|endoftext|>"]
     report = supervised_finetune(policy, examples, seconds=campaign.sft_seconds, batch_size=campaign.sft_batch_size,
                                  lr=campaign.sft_lr, pad_id=pad_id, seed=campaign.seed, steps=campaign.sft_steps,
-                                 anchor_every=campaign.sft_anchor_every, progress=progress)
+                                 anchor_every=campaign.sft_anchor_every, buckets=campaign.sft_length_buckets,
+                                 progress=progress)
     return policy, {"steps": report.steps, "examples_seen": report.examples_seen,
                     "distinct_examples": report.distinct_examples, "epochs": round(report.epochs, 2),
                     "final_loss": report.final_loss, "seconds": round(report.seconds, 1),
-                    "tokens_per_s": round(report.tokens_per_s, 1), "oracle_failures": failures,
+                    "tokens_per_s": round(report.tokens_per_s, 1), "padding": round(report.padding, 3),
+                    "oracle_failures": failures,
                     "oracle_pool_seconds": round(pool_seconds, 1), "parameters": policy.num_parameters()}
 
 

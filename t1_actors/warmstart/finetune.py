@@ -146,6 +146,16 @@ def pad_batch(examples: list[tuple[np.ndarray, np.ndarray]], pad_id: int) -> tup
     return ids, mask, attention
 
 
+def length_buckets(examples: list[Example], buckets: int) -> list[list[Example]]:
+    """``examples`` sorted by token count and cut into ``buckets`` groups of (nearly) equal count.
+
+    A batch drawn within one group pads to about its own length: a random batch of a mix of 200- and 800-token
+    chats pads every row to ~800, so half its tokens are padding (long.toml's pool)."""
+    ranked = sorted(examples, key=lambda example: len(example[0]))
+    size = math.ceil(len(ranked) / max(1, min(buckets, len(ranked))))
+    return [ranked[i: i + size] for i in range(0, len(ranked), size)]
+
+
 @dataclass
 class SFTReport:
     steps: int
@@ -156,11 +166,12 @@ class SFTReport:
     seconds: float
     tokens_per_s: float
     losses: list[float]
+    padding: float  # share of the batches' positions that were padding
 
 
 def supervised_finetune(model, examples: list[Example], *, seconds: float, batch_size: int, lr: float,
                         pad_id: int, seed: int = 0, anchor_every: int = 2, steps: int | None = None,
-                        progress: Callable[[int, float], None] | None = None) -> SFTReport:
+                        buckets: int = 0, progress: Callable[[int, float], None] | None = None) -> SFTReport:
     """Train ``model`` on oracle chats for ``steps`` optimiser steps (``None``: until ``seconds`` of wall
     time); ``seconds`` always bounds the run, so a step budget on a slow machine still ends. With a step
     budget two runs of one seed take the same steps and give the same policy; the learning-rate schedule
@@ -173,25 +184,35 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
     pool, same seed, 150 steps: with the anchor held-out loss 0.233 and 3.7 % resolved (160 eval tasks,
     T = 0.5); without it 0.290 and 0.0 %; a slowly growing pool (4 or 16 new examples per step) did
     not copy either. Repetition favouring in-context copying is the effect of Chan et al. (2022).
+
+    ``buckets`` > 0: every batch comes from one of ``length_buckets(examples, buckets)``, chosen at random in
+    proportion to its size (fresh batches) or in turn (anchor steps: one fixed anchor batch per bucket), so a
+    batch pads to about its own length. 0: batches drawn from the whole pool, as above.
     """
     if not examples:
         raise RuntimeError("SFT: no oracle example to train on (are the sandbox and the task corpus working?)")
     if anchor_every < 0:
         raise ValueError(f"anchor_every must be >= 0 (0 = no anchor batch), got {anchor_every}")
+    if buckets < 0:
+        raise ValueError(f"buckets must be >= 0 (0 = batches from the whole pool), got {buckets}")
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.1)
-    anchor = rng.sample(examples, k=min(batch_size, len(examples)))
+    pools = length_buckets(examples, buckets) if buckets else [examples]
+    anchors = [rng.sample(pool, k=min(batch_size, len(pool))) for pool in pools]
     if steps is not None and steps <= 0:
         raise ValueError(f"steps must be > 0 (or None for a time budget), got {steps}")
     budget_steps, steps = steps, 0
-    start, tokens, losses, seen = time.monotonic(), 0, [], 0
+    start, tokens, positions, losses, seen = time.monotonic(), 0, 0, [], 0
     model.train()
     while (elapsed := time.monotonic() - start) < seconds and (budget_steps is None or steps < budget_steps):
         done = steps / budget_steps if budget_steps is not None else elapsed / seconds
         for group in optimizer.param_groups:
             group["lr"] = sft_learning_rate(lr, steps, done)
-        on_anchor = anchor_every > 0 and steps % anchor_every == 0
-        batch = anchor if on_anchor else rng.sample(examples, k=min(batch_size, len(examples)))
+        if anchor_every > 0 and steps % anchor_every == 0:
+            batch = anchors[(steps // anchor_every) % len(anchors)]
+        else:
+            pool = pools[0] if len(pools) == 1 else rng.choices(pools, weights=[len(p) for p in pools])[0]
+            batch = rng.sample(pool, k=min(batch_size, len(pool)))
         ids, mask, attention = pad_batch(batch, pad_id)
         loss = sft_loss(model, ids, mask, attention)
         optimizer.zero_grad(set_to_none=True)
@@ -199,6 +220,7 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         steps, seen, tokens = steps + 1, seen + len(batch), tokens + int(attention.sum())
+        positions += attention.numel()
         losses.append(loss.item())
         if progress:
             progress(steps, losses[-1])
@@ -206,4 +228,4 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
     model.eval()
     return SFTReport(steps, seen, len(examples), seen / len(examples),
                      float(np.mean(losses[-20:])) if losses else float("nan"), elapsed,
-                     tokens / max(elapsed, 1e-9), losses)
+                     tokens / max(elapsed, 1e-9), losses, 1 - tokens / max(positions, 1))
