@@ -4,6 +4,7 @@
     t1-replay show RUN --trial ID [--json]
     t1-replay report RUN [--out DIR] [--json]
     t1-replay state RUN [--at EVENT] [--json]
+    t1-replay export --tensorboard DIR RUN [--json]
 
 RUN is a run directory (RUN/log, RUN/weights/, RUN/tokenizer.json) or an event log directory.
 Every command prints one JSON object with --json.
@@ -47,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output directory (default RUN/report)")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("export", help="per-step scalars for TensorBoard (the tensorboard extra: t1[tensorboard])")
+    p.add_argument("run")
+    p.add_argument("--tensorboard", required=True, metavar="DIR",
+                   help="directory of the event files (an earlier export's files there are replaced)")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("audit", help="is every trial, learner step and weights version accounted for?")
     p.add_argument("run")
     p.add_argument("--json", action="store_true")
@@ -61,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"drift": _drift, "show": _show, "report": _report, "state": _state, "audit": _audit}[args.command](args)
+        return {"drift": _drift, "show": _show, "report": _report, "state": _state, "audit": _audit,
+                "export": _export}[args.command](args)
     except RunError as exc:
         return fail(str(exc))
 
@@ -175,6 +183,24 @@ def _report(args) -> int:
     c.print(f"mean reward {_num(out['mean_reward'])} (first quarter {_num(out['mean_reward_first_quarter'])}, last "
             f"{_num(out['mean_reward_last_quarter'])}); {out['learner_steps']} learner steps; staleness "
             f"{out['staleness_decisions']}; cancellations {out['cancellations']}")
+    return 0
+
+
+def _export(args) -> int:
+    from tools._report.tensorboard import TensorBoardMissing, export_tensorboard  # noqa: PLC0415 - keeps t1-replay free of torch but for export (2.0 s importtime)
+
+    view = RunView.open(args.run)
+    try:
+        out = export_tensorboard(view, args.tensorboard)
+    except TensorBoardMissing as exc:
+        return fail(str(exc))
+    if args.json:
+        print_json(out)
+        return 0
+    c = console()
+    c.print(styled(("TensorBoard", "bold"), f" {out['scalars']} scalars of {len(out['tags'])} tags over "
+                   f"{len(out['steps'])} steps: {', '.join(out['files'])}"
+                   + (f" (replaced {len(out['removed'])} earlier)" if out["removed"] else "")))
     return 0
 
 

@@ -25,9 +25,10 @@ from schemas import (
     VerifierResult,
 )
 from storage import EventLog
-from t1_actors.rollout.endings import trial_endings
+from t1_actors.job.dynamics import Dynamics
 from t1_actors.stats import labelled_attempts, pass_at_k_curve
 from tools._replay.run import RunError, RunView
+from tools._report.dynamics import dynamics_markdown, plot_dynamics
 from tools._report.skill import kl_rl_sft, plot_pass_at_k
 from tools._report.time_shares import plot_time_shares
 
@@ -255,10 +256,11 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def markdown_summary(summary: dict, figures: list[Path], run: str) -> str:
+def markdown_summary(summary: dict, figures: list[Path], run: str, sections: list[str] = ()) -> str:
+    """summary.md: the headline table, the evals, the endings, ``sections`` (lines), the figures."""
     lines = [f"# Run report: {run}", "", "| quantity | value |", "| --- | --- |"]
     for key, value in summary.items():
-        if key in ("evals", "endings"):
+        if key in ("evals", "endings", "dynamics"):
             continue
         lines.append(f"| {key.replace('_', ' ')} | {_fmt(value)} |")
     if summary["evals"]:
@@ -275,6 +277,7 @@ def markdown_summary(summary: dict, figures: list[Path], run: str) -> str:
         for key, by_split in endings.items():
             for split, reasons in by_split.items():
                 lines.append(f"| {key.replace('_', ' ')} | {split} | {_fmt(reasons)} |")
+    lines += list(sections)
     lines += ["", "## Figures", ""] + [f"![{p.stem}]({p.name})" for p in figures]
     return "\n".join(lines) + "\n"
 
@@ -293,7 +296,8 @@ def _fmt(value) -> str:
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict:
     """PNG plots + summary.md of the run at ``run_dir`` (default output RUN/report/). Returns the summary
-    with ``figures`` and ``markdown`` paths added."""
+    with ``figures`` and ``markdown`` paths added, and ``dynamics`` (``Dynamics.summary``: turns and tokens per
+    trajectory before RL, after RL and per learner step; finishes per step; the probe)."""
     view = RunView.open(run_dir)
     if out_dir is None and view.root is None:
         raise RunError(f"{run_dir}: no run directory on this machine to write report/ into; pass --out DIR")
@@ -302,7 +306,10 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     figures = write_plots(s, out)
     summary = summary_of(s)
     summary["kl_rl_sft"] = kl_rl_sft(view)
-    summary["endings"] = trial_endings(view.events)
+    dynamics = Dynamics.fold(view.events)  # the endings' fold too: one fold of each fact
+    summary["endings"] = dynamics.endings.counts(dynamics.endings.split_of)
+    summary["dynamics"] = dynamics.summary()
+    figures += plot_dynamics(summary["dynamics"], dynamics.lengths(), out)
     curve = plot_pass_at_k(_pass_at_k(view), out)
     if curve is not None:
         figures.append(curve)
@@ -310,7 +317,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     if shares is not None:
         figures.append(shares)
     md = out / "summary.md"
-    md.write_text(markdown_summary(summary, figures, str(view.root or view.log_path)))
+    md.write_text(markdown_summary(summary, figures, str(view.root or view.log_path),
+                                   dynamics_markdown(summary["dynamics"])))
     return {**summary, "figures": [str(p) for p in figures], "markdown": str(md)}
 
 

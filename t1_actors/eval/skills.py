@@ -5,8 +5,9 @@ Keys, beside today's ``eval_before`` / ``eval_after`` / ``eval_change``:
 (the RL policy at its best temperature against the SFT policy at its best, paired task by task),
 ``temperature_grid`` {"sft": {T: rate}, "rl": {T: rate}} on the validation split, ``pass_at_k``
 {"sft": {k: rate}, "rl": {k: rate}}, ``per_position`` (composite tasks: the share of attempts whose i-th
-requirement passes, at each policy's best temperature), ``turns`` (assistant turns per eval trial) and
-``recipe``. A key whose passes are not in the log is None.
+requirement passes, at each policy's best temperature), ``turns`` (mean assistant turns per eval trial of each
+policy's run-temperature and best passes; summary.json's ``turns`` adds before_rl / after_rl / per_step beside
+them: ``t1_actors.job.dynamics``) and ``recipe``. A key whose passes are not in the log is None.
 
 With ``[eval] sft_passes = "warm_start"`` the SFT policy's passes are read from the warm-start run's log
 (``sft_log``) and everything else from this run's: ``EvalPasses`` is that union, one place.

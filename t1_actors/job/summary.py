@@ -11,11 +11,11 @@ from storage import EventLog
 from storage.config import StorageConfig
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.eval.skills import EvalPasses, scored, skill_report
+from t1_actors.job.dynamics import DYNAMICS_KINDS, Dynamics
 from t1_actors.job.local_sglang import sampler_engine
 from t1_actors.job.progress import say
 from t1_actors.job.sft import sft_passes_log
 from t1_actors.rollout.admission import StalenessConfig
-from t1_actors.rollout.endings import ENDING_KINDS, trial_endings
 from t1_actors.schedule import CampaignConfig
 from t1_actors.stats import eval_outcomes, first_attempts, paired_change
 from t1_actors.train.ppo import PPOConfig
@@ -65,6 +65,18 @@ def eval_change(log, sft_log=None, passes=None) -> dict[str, Any] | None:
     return paired_change(by_version[versions[0]], after).as_dict()
 
 
+def dynamics_line(summary: dict[str, Any]) -> str:
+    """One console line: turns and tokens per trajectory before and after RL, and over the learner's steps."""
+    def mean(key: str, name: str) -> str:
+        q = summary[key].get(name)
+        return f"{q['mean']:.3g}" if q else "-"
+
+    steps = [s for s in summary["tokens"]["per_step"] if s.get("mean") is not None]
+    over = f"; tokens over {len(steps)} steps {steps[0]['mean']:.3g} -> {steps[-1]['mean']:.3g}" if steps else ""
+    return (f"per trajectory, before -> after RL: turns {mean('turns', 'before_rl')} -> {mean('turns', 'after_rl')}, "
+            f"tokens {mean('tokens', 'before_rl')} -> {mean('tokens', 'after_rl')}{over}")
+
+
 def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write_report=None,
               code: dict[str, Any] | None = None) -> dict[str, Any]:
     """Phase 5: summary.json and the plots, both from the log alone."""
@@ -77,6 +89,7 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
     report: dict[str, Any] = {}
     try:
         report = write_report(run_dir) if write_report is not None else {}
+        report.pop("dynamics", None)  # summary.json has them at the top (turns, tokens, per_step, probe)
     except Exception as exc:  # plots must never cost the run its summary
         say(console, f"plots failed: {exc!r}")
     ppo_cfg, staleness = config.section(PPOConfig), config.section(StalenessConfig)
@@ -84,18 +97,22 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
               "actor_params": list(ppo_cfg.actor_params), "reward": f"P / {ppo_cfg.reward_scale}"}
     skill = skill_report(passes, run_temperature=config.section(SamplerConfig).temperature, recipe=recipe)
     skill["kl_rl_sft"] = report.get("kl_rl_sft") if isinstance(report, dict) else None
+    dynamics = Dynamics.fold(log.events(kinds=DYNAMICS_KINDS))
+    dynamic = dynamics.summary(Dynamics.fold(sft_log.events(kinds=DYNAMICS_KINDS)) if sft_log is not None else None)
+    dynamic["turns"] = {**skill.pop("turns"), **dynamic["turns"]}  # beside the eval passes' mean turns (sft, rl)
     summary = write_summary(run_dir, eval_before=evals.get("before"), eval_after=evals.get("after"), actors=roles,
                             counts=counts, extra={"sft": sft, "timings_s": {k: round(v, 1) for k, v in timings.items()},
                                                   "report": report, "eval_change": eval_change(log, sft_log, passes),
                                                   "code": code,
                                                   "sft_passes_from": config.section(CampaignConfig).warm_start_from
                                                   if sft_log is not None else None,
-                                                  "sampler_engine": sampler_engine(log), **skill,
-                                                  **trial_endings(log.events(kinds=ENDING_KINDS))})
+                                                  "sampler_engine": sampler_engine(log), **skill, **dynamic,
+                                                  **dynamics.endings.counts(dynamics.endings.split_of)})
     for key in ("finishes", "truncations", "context_edits"):  # nothing is cut or edited silently
         counted = "; ".join(f"{split} " + ", ".join(f"{reason} {n}" for reason, n in by_reason.items())
                             for split, by_reason in summary[key].items() if by_reason)
         say(console, f"{key.replace('_', ' ')}: {counted or 'none'}")
+    say(console, dynamics_line(summary))
     before, after, change = summary["eval_before"], summary["eval_after"], summary["eval_change"]
     if before and after:
         say(console, f"eval resolved: {before['resolved_rate']:.1%} -> {after['resolved_rate']:.1%} "
