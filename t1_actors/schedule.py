@@ -3,9 +3,15 @@ plays it over ``TrialPorts``:
 
     eval of the SFT policy -> warm-up trials + the critic's warm-up -> asynchronous PPO -> eval of the RL policy
 
-Each phase is skipped when the log shows it done, so a restarted controller resumes where the last one
-stopped. The task orders are functions of ``[campaign] seed`` alone: ``t1-probe`` (the synchronous twin)
-draws the same warm-up tasks and the same RL order for a seed.
+With ``[eval] probe_every = N`` the PPO phase pauses after learner steps N, 2N, ... (not after its last) for
+the validation probe (``probe_s{K}``): no trial is issued for training until the probe's last trial is
+verified, so the learner, which only trains admitted batches, stays at version K throughout it; the probe's
+trials are eval trials (never assembled, admitted or trained on), and its time is left out of RL's clock.
+
+Each phase is skipped when the log shows it done (a probe too, by its label), so a restarted controller
+resumes where the last one stopped. The task orders are functions of ``[campaign] seed`` alone: ``t1-probe``
+(the synchronous twin, unrelated to the validation probe) draws the same warm-up tasks and the same RL order
+for a seed.
 """
 
 from __future__ import annotations
@@ -19,10 +25,10 @@ from typing import Literal
 import trio
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from t1_actors.eval.protocol import EvalConfig, evaluate_policy
+from t1_actors.eval.protocol import EvalConfig, evaluate_policy, probe_due, probe_label, probe_task_ids
 from t1_actors.rollout import RolloutLimits
 from t1_actors.rollout.admission import StalenessConfig, grouped
-from t1_actors.rollout.trials import BatchStats, InFlight, TrialRunner, run_batches, run_warmup
+from t1_actors.rollout.trials import BatchStats, InFlight, TrialRunner, run_batches, run_eval, run_warmup
 
 
 class CampaignConfig(BaseModel):
@@ -135,6 +141,8 @@ class Controller:
     events: Callable[[str], Awaitable[list]]  # the log's events of one kind
     rl_seconds_left: Callable[[], float]  # the RL phase's wall-clock budget left (it survives restarts)
     warm_up_critic: Callable[[list[str]], Awaitable[None]]
+    # seconds RL's clock stood still (a validation probe): kept where rl_seconds_left reads them back
+    pause_rl_clock: Callable[[float], None] = lambda seconds: None
 
 
 async def play_schedule(runner: TrialRunner, controller: Controller, splits: TaskSplits, *, campaign: CampaignConfig,
@@ -172,9 +180,30 @@ async def play_schedule(runner: TrialRunner, controller: Controller, splits: Tas
             steps_done = budget is not None and learned_before + stats.batches >= budget
             return steps_done or trio.current_time() >= end
 
+        async def probe() -> None:
+            """The validation probe after the step just admitted, when due and not in the log yet."""
+            nonlocal end
+            step = learned_before + stats.batches
+            name = probe_label(step)
+            if not probe_due(step, eval_config.probe_every, campaign.rl_steps) or name in done or until():
+                return
+            await controller.wait_for_version(step, until)  # the learner trains the batch just admitted
+            if controller.version() != step:  # RL's clock ran out first (or a predecessor's batch is in flight)
+                log.warning("probe_skipped", step=step, policy_version=controller.version())
+                return
+            started = trio.current_time()
+            ids = probe_task_ids(splits.validation, eval_config)
+            log.info("phase", phase=f"probe s{step}", policy_version=step, n=len(ids))
+            done[name] = await run_eval(runner, ids, label=name, concurrency=campaign.eval_concurrency,
+                                        temperature=run_temperature)
+            paused = trio.current_time() - started
+            end += paused  # RL's budget is for training: the probe's time is not taken from it
+            controller.pause_rl_clock(paused)
+
+        await probe()  # a restarted controller whose predecessor died before (or while) playing one
         await run_batches(runner, lambda: next(order), staleness, until=until,
                           wait_for_learner=lambda v: controller.wait_for_version(v, until), stats=stats,
-                          resumed=resumed)
+                          resumed=resumed, between_batches=probe)
         # Let the learner finish the batches already admitted before the final eval.
         with trio.move_on_after(campaign.finish_timeout_s / 2):
             await controller.wait_for_version(stats.batches, lambda: False)

@@ -1,9 +1,10 @@
 """The staleness controller actor: issues trials, admits or drops them by policy lag, cuts the tail.
 
 It plays the campaign's schedule (``t1_actors.schedule``: SFT eval, warm-up and the critic's warm-up,
-asynchronous PPO, RL eval; each phase skipped on restart when the log shows it done; the trials a killed
-predecessor left mid-trajectory are resumed from the log where their sandbox survives, ``rollout.resume``,
-and the others closed with their reason first: ``rollout.recovery``). Trials reach the
+asynchronous PPO with a validation probe every ``[eval] probe_every`` steps, RL eval; each phase skipped on
+restart when the log shows it done; the trials a killed predecessor left mid-trajectory are resumed from the
+log where their sandbox survives, ``rollout.resume``, and the others closed with their reason first:
+``rollout.recovery``). Trials reach the
 sampler, sandbox and verifier actors through ``ActorPorts``; the orchestration itself is
 ``t1_actors.rollout.trials`` and the admission rules ``t1_actors.rollout.admission``. It learns the learner's
 version by tailing the log for ``WeightsPublished``.
@@ -157,16 +158,27 @@ class StalenessActor(Actor):
                     self.version_changed = trio.Event()
             await trio.sleep(0.2)
 
-    def _rl_seconds_left(self) -> float:
-        """RL's wall-clock budget survives a restart of this actor: its start is kept beside the log."""
+    def _rl_clock(self) -> dict[str, float]:
+        """RL's wall-clock budget survives a restart of this actor: its start (and the seconds its clock stood
+        still, the validation probes') are kept beside the log."""
         path = checkpoints_dir(self.ctx.run_dir) / f"{self.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            started = json.loads(path.read_text())["rl_started_at"]
+            clock = json.loads(path.read_text())
+            return {"rl_started_at": float(clock["rl_started_at"]), "paused_s": float(clock.get("paused_s", 0.0))}
         except (OSError, ValueError, KeyError):
-            started = time.time()
-            path.write_text(json.dumps({"rl_started_at": started}))
-        return max(0.0, self.campaign.rl_seconds - (time.time() - started))
+            clock = {"rl_started_at": time.time(), "paused_s": 0.0}
+            path.write_text(json.dumps(clock))
+            return clock
+
+    def _rl_seconds_left(self) -> float:
+        clock = self._rl_clock()
+        return max(0.0, self.campaign.rl_seconds - (time.time() - clock["rl_started_at"] - clock["paused_s"]))
+
+    def _pause_rl_clock(self, seconds: float) -> None:
+        clock = self._rl_clock()
+        clock["paused_s"] += seconds
+        (checkpoints_dir(self.ctx.run_dir) / f"{self.name}.json").write_text(json.dumps(clock))
 
     async def _events(self, kind: str) -> list:
         return await trio.to_thread.run_sync(lambda: [e for _, e in self.reader.events(kinds=[kind])])
@@ -217,7 +229,7 @@ class StalenessActor(Actor):
 
         controller = Controller(logger=self.logger, version=lambda: self.version, wait_for_version=self.wait_for_version,
                                 events=self._events, rl_seconds_left=self._rl_seconds_left,
-                                warm_up_critic=warm_up_critic)
+                                warm_up_critic=warm_up_critic, pause_rl_clock=self._pause_rl_clock)
         # Trials a killed predecessor left open, closed before this one issues any. Not beside the schedule:
         # a restart late in the final eval lets the last pass end (and the campaign stop) within the wait.
         abandoned = open_trials(await self._trial_events())

@@ -184,23 +184,24 @@ def tiny_model():
 
 @pytest.fixture(scope="session")
 def quick_campaign(tmp_path_factory, worker_id):
-    """The one micro ``--quick`` campaign of the test run (tests/fixtures/campaign.py), run on first use and
-    read by every test that only needs a finished run: its summary, report, log, weights and tokenizer.
-    Tests must not write into it; one that needs to change a run copies it first.
+    """The one micro ``--quick`` campaign of the test run (tests/fixtures/campaign.py, with its ``QUICK`` changes: a
+    validation probe during RL), run on first use and read by every test that only needs a finished run: its
+    summary, report, log, weights and tokenizer. Tests must not write into it; one that needs to change a run
+    copies it first.
 
     Under pytest-xdist it is run once for all workers: the first to ask runs it under a file lock in the run's
     common temp directory, a later one waits for the lock and reads the result (a module that warm-starts from
     it need not share the readers' work unit)."""
-    from fixtures.campaign import CampaignRun, run_micro_campaign
+    from fixtures.campaign import QUICK, CampaignRun, run_micro_campaign
 
     if worker_id == "master":  # one process (-n 0)
-        return run_micro_campaign(tmp_path_factory.mktemp("quick-campaign"))
+        return run_micro_campaign(tmp_path_factory.mktemp("quick-campaign"), **QUICK)
     shared = tmp_path_factory.getbasetemp().parent  # pytest-N/, above each worker's popen-gwK/
     result = shared / "quick-campaign.json"
     with open(shared / "quick-campaign.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not result.exists():
-            run = run_micro_campaign(tmp_path_factory.mktemp("quick-campaign"))
+            run = run_micro_campaign(tmp_path_factory.mktemp("quick-campaign"), **QUICK)
             result.write_text(json.dumps({**run._asdict(), "run_dir": str(run.run_dir), "tmp": str(run.tmp)}))
         done = json.loads(result.read_text())
     return CampaignRun(done["returncode"], done["output"], Path(done["run_dir"]), Path(done["tmp"]))

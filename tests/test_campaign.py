@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,6 +159,57 @@ def test_replay_drift_reads_the_long_horizon_run_with_zero_loss_region_drift(qui
     out = drift_of_run(view, tokenizer=view.tokenizer(None))
     assert out["trajectories"] >= 1 and out["drift_rate_loss"] == 0.0 and out["logprob_record_mismatch"] == 0
     assert set(out["gap_by_versions"]) <= {"single_version", "multi_version"} and out["gap_by_versions"]
+
+
+def test_validation_probes_ran_between_steps_with_that_steps_policy_and_never_reached_the_learner(quick_campaign):
+    """``[eval] probe_every = 2``, ``probe_tasks = 6`` (fixtures.campaign.QUICK) over 5 PPO steps: a probe after
+    steps 2 and 4 (not 5, RL's last), each on the first 6 validation tasks, every turn of it sampled by that step's
+    policy, played while no train trial was issued, printed, and no probe trial admitted, valued or trained."""
+    from fixtures.campaign import QUICK
+
+    from t1_actors.eval.protocol import EvalConfig, probe_task_ids
+    from t1_actors.job.config import load_config
+    from t1_actors.tasks.config import TasksConfig, build_task_sets
+
+    code, output, run_dir, _ = quick_campaign
+    assert code == 0, output[-4000:]
+    log = EventLog.open(run_dir / "log")
+    config = load_config(run_dir / "config.resolved.json")
+    probe = config.section(EvalConfig)
+    assert (probe.probe_every, probe.probe_tasks) == (QUICK["eval"]["probe_every"], QUICK["eval"]["probe_tasks"])
+    validation = probe_task_ids([t.id for t in build_task_sets(config.section(TasksConfig)).validation], probe)
+    last = max(e.version for _, e in log.events(kinds=["weights_published"]))
+    steps = sorted(int(e.label[len("probe_s"):]) for _, e in log.events(kinds=["eval_result"])
+                   if e.label.startswith("probe_s"))
+    # each due step RL went past has its probe (RL's clock may stop it early: no probe after its last step)
+    assert [k for k in (2, 4) if k < last] == [k for k in steps if k < last] and set(steps) <= {2, 4}
+    assert steps, f"no probe ran: RL stopped at version {last}"
+    controller = [(event_id, e) for event_id, e in log.events(kinds=["trial_issued", "eval_result",
+                                                                     "staleness_decision"])]
+    writers = {event_id.rsplit(":", 1)[0] for event_id, e in controller if e.kind == "eval_result"}
+    assert len(writers) == 1  # the staleness controller's segment: its own order
+    ordered = [e for _, e in sorted(((i, e) for i, e in controller if i.rsplit(":", 1)[0] in writers),
+                                    key=lambda item: int(item[0].rsplit(":", 1)[1]))]
+    probe_trials: set[str] = set()
+    batch = config.staleness.batch_size
+    for step in steps:
+        name = f"probe_s{step}"
+        issued = [i for i, e in enumerate(ordered) if e.kind == "trial_issued" and e.label == name]
+        [done] = [i for i, e in enumerate(ordered) if e.kind == "eval_result" and e.label == name]
+        trials = {ordered[i].trial_id for i in issued}
+        probe_trials |= trials
+        assert sorted(ordered[i].task_id for i in issued) == sorted(validation) and len(validation) == 6
+        assert {ordered[i].policy_version_wanted for i in issued} == {step} and issued[-1] < done
+        assert ordered[done].policy_version == step
+        assert {t.policy_version for _, t in log.events(kinds=["sampler_turn"]) if t.trial_id in trials} == {step}
+        admitted = sum(e.kind == "staleness_decision" and e.decision == "admit" for e in ordered[:issued[0]])
+        assert admitted == step * batch  # after step K's batch, before any of the next one's
+        assert not [e for e in ordered[issued[0]:done] if e.kind == "trial_issued" and e.split == "train"]
+        assert re.search(rf"probe s{step}: \d+/\d+ resolved \(.*\), mean reward [\d.]+, policy v{step}", output)
+    trained = {t for _, e in log.events(kinds=["learner_step"]) for t in e.trials}
+    for kind in ("trajectory", "staleness_decision", "critic_values"):
+        assert not {e.trial_id for _, e in log.events(kinds=[kind])} & probe_trials, kind
+    assert not trained & probe_trials
 
 
 def test_campaign_leaves_no_process_sandbox_or_mount_behind(quick_campaign):

@@ -49,7 +49,7 @@ def test_milestones_print_every_step_line_whole_and_none_on_a_terminal():
     assert terminal.getvalue() == ""  # a terminal has the progress bars instead
 
 
-def test_the_followed_log_prints_each_eval_and_the_critic_warm_up_whole(tmp_path):
+def test_the_followed_log_prints_each_eval_probe_and_the_critic_warm_up_whole(tmp_path):
     log = EventLog.open(tmp_path / "log", create=True)
     with log.writer("campaign") as writer:
         writer.append(EvalResult(label="before", policy_version=0, n=160, resolved=17, mean_reward=0.1234,
@@ -58,6 +58,8 @@ def test_the_followed_log_prints_each_eval_and_the_critic_warm_up_whole(tmp_path
                                    explained_variance_after=0.4321))
         writer.append(LearnerStep(step=0, policy_version=1, trials=["t0"],
                                   metrics={"policy_loss": 0.0123, "explained_variance": 0.5678}))
+        writer.append(EvalResult(label="probe_s1", policy_version=1, n=56, resolved=9, mean_reward=0.0981,
+                                 ci_low=0.0871, ci_high=0.2786, temperature=1.0))
         writer.append(EvalResult(label="after", policy_version=1, n=160, resolved=23, mean_reward=0.1567,
                                  ci_low=0.0957, ci_high=0.2086, last=True))
         writer.commit()
@@ -75,6 +77,7 @@ def test_the_followed_log_prints_each_eval_and_the_critic_warm_up_whole(tmp_path
     assert [re.sub(STAMP, "", line) for line in lines] == [
         "eval before: 17/160 resolved (10.6%, CI 6.7%-16.6%), mean reward 0.123",
         "critic warm-up: EV -31.25 -> 0.43 on 96 trajectories",
+        "probe s1: 9/56 resolved (16.1%, CI 8.7%-27.9%), mean reward 0.098, policy v1",  # the validation probe
         "eval after: 23/160 resolved (14.4%, CI 9.6%-20.9%), mean reward 0.157",
     ]
     assert re.fullmatch(STAMP + r"4/5 PPO steps: 1/1 \(100%\) step 0 v1 loss 0\.012 EV 0\.57\n",

@@ -210,8 +210,9 @@ def test_t1_audit_passes_one_task_of_each_long_family():
 
 @pytest.mark.parametrize("quick", [False, True])
 def test_long_toml_mixes_long_tasks_into_every_split(quick):
-    """configs/long.toml: >= 40 turns, a 4096-token context with a context strategy, and the long families in
-    SFT's, RL's, validation's and eval's tasks beside the single-turn and recovery ones."""
+    """configs/long.toml: >= 40 turns, a 4096-token context with a context strategy, the long families in
+    SFT's, RL's, validation's and eval's tasks beside the single-turn and recovery ones, and a validation probe
+    during RL."""
     from pathlib import Path
 
     from t1_actors.job.config import load_config
@@ -228,3 +229,12 @@ def test_long_toml_mixes_long_tasks_into_every_split(quick):
         assert families & set(LONG) and families - set(LONG), families
     assert any(t.metadata["area"] == "recovery" for t in sets.eval) and any(t.metadata["area"] == "recovery"
                                                                            for t in sets.rl)
+    # the resolved rate along RL: a probe every 10 of its 40 steps (one after step 2 of 3 with --quick) on the first
+    # validation tasks, long ones among them
+    from t1_actors.eval.protocol import EvalConfig, probe_due, probe_task_ids
+
+    probe = config.section(EvalConfig)
+    assert [k for k in range(campaign.rl_steps + 1) if probe_due(k, probe.probe_every, campaign.rl_steps)] == (
+        [2] if quick else [10, 20, 30])
+    probed = [sets.by_id[i].family for i in probe_task_ids([t.id for t in sets.validation], probe)]
+    assert len(probed) == (4 if quick else 24) and set(probed) & set(LONG)

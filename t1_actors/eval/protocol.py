@@ -15,6 +15,12 @@ policies, temperatures and passes):
 Each pass is one ``EvalResult`` in the log, its trials labelled with it (``TrialIssued.label``); a pass
 already in the log is not run again (a restarted staleness controller resumes the protocol). The
 statistics of the comparison live in ``t1_actors.stats``.
+
+During RL, with ``[eval] probe_every = N``, the staleness controller also plays a fixed validation probe
+(the first ``probe_tasks`` validation tasks, at the run's temperature, seeded like every pass) after
+learner steps N, 2N, ... (not after RL's last step: the RL policy's passes above cover it), labelled
+``probe_s{K}`` (``probe_label``): the resolved rate along RL, each point one policy version
+(``t1_actors.schedule``).
 """
 
 from __future__ import annotations
@@ -43,6 +49,14 @@ class EvalConfig(BaseModel):
     pass_k_tasks: int = Field(32, ge=0, description="eval tasks of the pass@k curve (recovery and composite "
                                                     "tasks first, in eval order); 0: no pass@k")
     pass_k_samples: int = Field(16, ge=1, description="attempts per pass@k task: pass@k for k = 1..this")
+    probe_every: int = Field(0, ge=0, description="during RL, play the validation probe after every this many "
+                                                  "learner steps (K = N, 2N, ..., not after RL's last step), "
+                                                  "labelled probe_s{K}, with policy version K, at the run's "
+                                                  "temperature; trial admission pauses while it runs and its "
+                                                  "trials are never trained on; 0: no probe")
+    probe_tasks: int | None = Field(None, gt=0, description="the probe's tasks: the first this many of the "
+                                                           "validation split, the same at every probe; None: the "
+                                                           "whole split")
     sft_passes: Literal["run", "warm_start"] = Field(
         "run", description="where the SFT policy's passes come from: this run plays them ('run'), or they are "
                            "read from the log of [campaign] warm_start_from ('warm_start': the same policy, tasks "
@@ -61,6 +75,22 @@ def label(policy: str, what: str, temperature: float | None = None) -> str:
     if what == "run":
         return AT_RUN_TEMPERATURE[policy]
     return f"{policy}_val_T{temperature:g}" if what == "val" else f"{policy}_{what}"
+
+
+def probe_label(step: int) -> str:
+    """The label of the validation probe played with the policy of learner step ``step``: ``probe_s{step}``."""
+    return f"probe_s{step}"
+
+
+def probe_due(step: int, every: int, last_step: int | None) -> bool:
+    """Whether the probe is played after learner step ``step``: ``every`` > 0, ``step`` = N, 2N, ... and not RL's
+    last step (``last_step``: ``[campaign] rl_steps``; None: RL ends by its clock, no step is known to be last)."""
+    return every > 0 and step > 0 and step % every == 0 and (last_step is None or step < last_step)
+
+
+def probe_task_ids(validation_ids: list[str], config: EvalConfig) -> list[str]:
+    """The probe's fixed tasks: the first ``probe_tasks`` validation tasks (all of them when None)."""
+    return list(validation_ids[: config.probe_tasks])
 
 
 def best_temperature(grid: dict[float, EvalResult], run_temperature: float) -> float:

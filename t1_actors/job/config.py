@@ -116,6 +116,30 @@ class RunConfig(RuntimeConfig):
         return self
 
     @model_validator(mode="after")
+    def _probe_fits_the_run(self) -> RunConfig:
+        """The validation probe needs validation tasks, at most as many as the split holds, and an RL phase long
+        enough for a probe before its last step (that step's policy is the final eval's)."""
+        every, size = self.eval.probe_every, self.eval.probe_tasks
+        if not every:
+            return self
+        tasks = self.tasks
+        split = tasks.validation_size + tasks.composite_validation + tasks.recovery_validation
+        if split == 0:
+            raise ValueError(f"[eval] probe_every = {every} but the validation split is empty ([tasks] "
+                             "validation_size, composite_validation and recovery_validation are 0); give it tasks "
+                             "or set probe_every = 0")
+        if size is not None and size > split:
+            raise ValueError(f"[eval] probe_tasks = {size} but the validation split holds {split} tasks ([tasks] "
+                             "validation_size + composite_validation + recovery_validation); lower probe_tasks to at "
+                             f"most {split}, or leave it unset for the whole split")
+        steps = self.campaign.rl_steps
+        if steps is not None and every >= steps:
+            raise ValueError(f"[eval] probe_every = {every} but [campaign] rl_steps = {steps}: no probe would be "
+                             f"played (none after RL's last step, the final eval's); set probe_every below {steps}, "
+                             "or 0 for no probe")
+        return self
+
+    @model_validator(mode="after")
     def _tokenizer_is_whole(self) -> RunConfig:
         """An HF tokenizer directory must be there, whole, before the run starts: the SFT chats, every prompt,
         the stop id and the model's vocabulary all come from it."""

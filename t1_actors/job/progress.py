@@ -5,6 +5,7 @@ every figure (a PPO step's EV, an eval's CI) where one grep finds it."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import trio
@@ -107,6 +108,20 @@ async def run_actors(config, campaign: CampaignConfig, console, hosts: set[str] 
                 await supervisor.shutdown("campaign finished")
 
 
+PROBE = re.compile(r"probe_s(\d+)")  # the validation probe during RL (t1_actors.eval.protocol.probe_label)
+
+
+def eval_line(event: EvalResult) -> str:
+    """One eval pass's line: ``eval after: 9/56 resolved (...)``; a validation probe's ``probe s10: 9/56 resolved
+    (..., policy v10)``."""
+    figures = (f"{event.resolved}/{event.n} resolved ({event.resolved / max(event.n, 1):.1%}, "
+               f"CI {event.ci_low:.1%}-{event.ci_high:.1%}), mean reward {event.mean_reward:.3f}")
+    probe = PROBE.fullmatch(event.label)
+    if probe:
+        return f"probe s{probe.group(1)}: {figures}, policy v{event.policy_version}"
+    return f"eval {event.label}: {figures}"
+
+
 async def _follow(log, bar, job, step_lines) -> None:
     """Show the campaign's progress from the log until the final eval appears."""
     cursor = log.cursor(kinds=["eval_result", "learner_step", "staleness_decision", "verifier_result",
@@ -126,12 +141,11 @@ async def _follow(log, bar, job, step_lines) -> None:
                         f"EV {m.get('explained_variance', float('nan')):.2f}")
                 step_lines(event.policy_version, info)
             elif isinstance(event, EvalResult):
-                say(bar.console, f"eval {event.label}: {event.resolved}/{event.n} resolved "
-                                 f"({event.resolved / max(event.n, 1):.1%}, CI {event.ci_low:.1%}-{event.ci_high:.1%}), "
-                                 f"mean reward {event.mean_reward:.3f}")
+                say(bar.console, eval_line(event))
                 if event.last and (event.label == "after" or event.label.startswith("rl_")):
                     return
-                phase = "warm-up + PPO"
+                if not PROBE.fullmatch(event.label):  # a probe is one pause inside PPO
+                    phase = "warm-up + PPO"
             elif event.kind == "critic_warmup":
                 say(bar.console, f"critic warm-up: EV {event.explained_variance_before:.2f} -> "
                                  f"{event.explained_variance_after:.2f} on {event.trajectories} trajectories")

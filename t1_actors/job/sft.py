@@ -131,6 +131,8 @@ def check_warm_start_tasks(previous: Path, tasks) -> None:
 # what decides an eval pass's draws besides the policy: equal in both runs, or their SFT passes differ
 _DRAW_KEYS = {"tasks": None, "eval": None, "sampler": ("temperature", "top_p"),
               "campaign": ("max_turns", "max_new_tokens", "max_context", "tool_output_chars")}
+# keys of those sections that no SFT pass reads: where the SFT passes come from, and the probe played during RL
+_NOT_SFT_DRAWS = {("eval", "sft_passes"), ("eval", "probe_every"), ("eval", "probe_tasks")}
 
 
 def check_warm_start_passes(previous: Path, config) -> None:
@@ -151,7 +153,7 @@ def check_warm_start_passes(previous: Path, config) -> None:
             raise ValueError(f"{where}: its [{section}] no longer validates ({error})") from None
         b = getattr(config, section).model_dump(mode="json")
         for key in keys or sorted(set(a) | set(b)):
-            if (section, key) != ("eval", "sft_passes") and a.get(key) != b.get(key):
+            if (section, key) not in _NOT_SFT_DRAWS and a.get(key) != b.get(key):
                 raise ValueError(f"{where}: its [{section}] {key} = {a.get(key)!r}, this run's = {b.get(key)!r}; "
                                  "the SFT passes would not be the draws this run's RL passes pair with: make them "
                                  "equal, or set [eval] sft_passes = 'run'")

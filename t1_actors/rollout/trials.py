@@ -315,7 +315,8 @@ async def _train_trial(runner: TrialRunner, flight: InFlight, batch: _Batch, con
 async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config: StalenessConfig, *,
                       until: Callable[[], bool], wait_for_learner: Callable[[int], Awaitable[None]],
                       stats: BatchStats | None = None, max_batches_ahead: int = 1,
-                      resumed: Sequence[InFlight] = ()) -> BatchStats:
+                      resumed: Sequence[InFlight] = (),
+                      between_batches: Callable[[], Awaitable[None]] | None = None) -> BatchStats:
     """Asynchronous rollouts for PPO, one batch at a time.
 
     Batch n keeps ``trials_to_launch(B, oversample)`` trials going (topped up when one is dropped), admits
@@ -325,6 +326,8 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
     reached version n - max_batches_ahead, so rollouts never run further ahead than that. ``resumed``:
     trials already cancelled (their decision logged) that the first batch continues the same way, e.g. those
     a killed controller left mid-trajectory, rebuilt from the log (``rollout.resume``).
+    ``between_batches``: awaited after each full batch, before the next is issued (a validation probe): no
+    train trial runs meanwhile (the cut tail waits for its continuation, its sandbox kept).
     """
     stats = stats or BatchStats()
     ports = runner.ports
@@ -385,6 +388,8 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
         if batch.admitted >= batch.size:
             number += 1
             stats.batches += 1
+            if between_batches is not None:
+                await between_batches()
     for flight in resumable:
         with trio.CancelScope(shield=True):
             await ports.close_sandbox(flight.sandbox_id)
