@@ -138,7 +138,8 @@ def build_run(root: Path, *, trials: int = 3, turns: int = 2, router_noise: floa
                 w.commit()
         learner.append(LearnerStep(step=1, policy_version=1, trials=[f"trial-{t}" for t in range(trials)],
                                    metrics={"policy_loss": 0.1, "explained_variance": 0.5, "gap_r3": 0.01,
-                                            "gap_no_r3": 0.02}))
+                                            "gap_no_r3": 0.02, "kl_sampler_learner": 0.003,
+                                            "off_policy_masked_fraction": 0.25}))
         learner.append(EvalResult(label="final", policy_version=1, n=10, resolved=3, mean_reward=0.1,
                                   ci_low=0.1, ci_high=0.6))
         learner.commit()

@@ -16,7 +16,7 @@ from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.model import MoEPolicy
 from t1_actors.policy.segment_kv import math_attention_backward, math_attention_with_lse, merge
 from t1_actors.policy.value import ValueModel
-from t1_actors.train import ppo, segments
+from t1_actors.train import off_policy, ppo, segments
 from t1_actors.train.batch import TrajectoryBatch
 from t1_actors.train.passes import (
     TokenSums,
@@ -66,7 +66,7 @@ def _grads(module: torch.nn.Module) -> torch.Tensor:
                       for p in module.parameters()])
 
 
-def _policy_gradient(policy, batch, max_tokens, cfg):
+def _policy_gradient(policy, batch, max_tokens, cfg, weights=None):
     policy.zero_grad(set_to_none=True)
     advantages = ppo.gae_advantages(ppo.terminal_rewards(batch.rewards, batch.action_mask), batch.old_values[:, 1:],
                                     batch.action_mask)
@@ -74,7 +74,7 @@ def _policy_gradient(policy, batch, max_tokens, cfg):
     normalizer = batch.action_mask.sum().double().clamp(min=1)
     sums = TokenSums()
     loss = policy_backward(_policy_trainable(policy, max_tokens), batch, rows, batch.routing,
-                           batch.sampler_logprobs[:, 1:] + 0.05, advantages, normalizer, cfg, sums, True)
+                           batch.sampler_logprobs[:, 1:] + 0.05, advantages, normalizer, cfg, sums, True, weights)
     return loss, _grads(policy), sums
 
 
@@ -95,6 +95,29 @@ def test_policy_gradient_in_segments_equals_one_pass_in_float64(long_batch):
     assert loss_seg == pytest.approx(loss_one, rel=1e-12, abs=1e-12)
     for name in ("clip", "kl", "entropy", "tokens", "gap", "gap_tokens"):
         assert getattr(sums_seg, name) == pytest.approx(getattr(sums_one, name), rel=1e-10, abs=1e-12)
+
+
+def test_off_policy_weights_in_segments_equal_one_pass_and_one_weight_per_trajectory(long_batch):
+    """A sequence-level weight is computed over the whole trajectory before segmenting: every segment of the
+    row carries the same weight, and the segmented weighted gradient is the one-pass weighted gradient."""
+    torch.manual_seed(0)
+    policy = MoEPolicy(SMALL).double()
+    cfg = ppo.PPOConfig(old_logprobs="recompute", off_policy_correction="truncate", off_policy_level="geometric",
+                        off_policy_cap=1.05)
+    mask = long_batch.action_mask
+    prox = long_batch.sampler_logprobs[:, 1:].double() + 0.2 + 0.1 * torch.randn(mask.shape, dtype=torch.float64,
+                                                                             generator=torch.Generator().manual_seed(3))
+    w = off_policy.importance_weights(prox, long_batch.sampler_logprobs[:, 1:].double(), mask, "geometric")
+    weights = off_policy.truncated_importance_weights(w, cfg.off_policy_cap)
+    per_segment = {float(weights[0, start:end][mask[0, start:end]].unique().item())
+                   for start, end in segments.plan([4096], 4096, 1000)[0].segments}
+    assert per_segment == {1.05}  # exp(mean log w) ~ exp(0.2), truncated at C
+    _, grad_plain, _ = _policy_gradient(policy, long_batch, None, cfg)
+    loss_one, grad_one, _ = _policy_gradient(policy, long_batch, None, cfg, weights)
+    loss_seg, grad_seg, _ = _policy_gradient(policy, long_batch, 1000, cfg, weights)
+    assert (grad_one - 1.05 * grad_plain).abs().max() <= 1e-9  # one weight for the whole trajectory
+    assert (grad_seg - grad_one).abs().max() <= 1e-9
+    assert loss_seg == pytest.approx(loss_one, rel=1e-12, abs=1e-12)
 
 
 def test_critic_value_gradient_in_segments_equals_one_pass_in_float64(long_batch):

@@ -33,12 +33,14 @@ def test_ppo_step_updates_policy_and_reports_every_metric():
     result = learner.step(batch)
     assert not torch.equal(before, flat_params(policy))
     for name in ("policy_loss", "value_loss", "clip_fraction", "approx_kl", "entropy", "explained_variance",
-                 "logprob_gap_r3", "logprob_gap_no_r3", "routing_mismatch_no_r3", "tokens_per_s", "grad_norm"):
+                 "logprob_gap_r3", "logprob_gap_no_r3", "routing_mismatch_no_r3", "tokens_per_s", "grad_norm",
+                 "kl_sampler_learner"):
         assert math.isfinite(result.metrics[name]), name
     assert result.metrics["loss_tokens"] == float(batch.num_loss_tokens)
     assert result.metrics["entropy"] > 0 and result.metrics["approx_kl"] >= 0
     # the sampler is this very policy in fp32: with R3 the first forward reproduces its logprobs
     assert result.metrics["logprob_gap_r3"] < 1e-4
+    assert 0 <= result.metrics["kl_sampler_learner"] < 1e-6 and "off_policy_weight_mean" not in result.metrics
     assert (result.step, result.policy_version) == (0, 1)
     event = result.event()
     assert isinstance(event, LearnerStep) and decode(encode(event)) == event

@@ -72,6 +72,7 @@ def test_report_writes_plots_and_summary(run, tmp_path, capsys):
     assert out["mean_reward"] == pytest.approx((0 + 1 + 2) / 3 / 20)
     assert out["critic_warmup_ev"] == [-3.0, 0.7]
     assert out["staleness_decisions"] == {"admit": 2, "cancel": 1} and out["cancellations"] == 1
+    assert out["mean_off_policy"] == {"kl_sampler_learner": 0.003, "off_policy_masked_fraction": 0.25}
     for figure in out["figures"]:
         with open(figure, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"

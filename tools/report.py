@@ -32,6 +32,8 @@ from tools._report.dynamics import dynamics_markdown, plot_dynamics
 from tools._report.skill import kl_rl_sft, plot_pass_at_k
 from tools._report.time_shares import plot_time_shares
 
+MAX_PANELS = 24  # learner_metrics.png: one panel per learner_step metric, in name order, at most this many
+
 
 def series_of(events) -> dict:
     """The run's time series, from (event_id, event) pairs in log order."""
@@ -175,7 +177,7 @@ def plot_cancellations(s: dict, ax) -> None:
 
 
 def plot_learner_metrics(s: dict, fig) -> None:
-    keys = sorted(s["metrics"])[:16]
+    keys = sorted(s["metrics"])[:MAX_PANELS]
     cols = 4
     rows = max(1, (len(keys) + cols - 1) // cols)
     for i, key in enumerate(keys):
@@ -192,6 +194,8 @@ def summary_of(s: dict) -> dict:
     quarter = max(1, len(r) // 4)
     last_ev = {k: s["metrics"][k][-1][1] for k in _metric_keys(s["metrics"], "explained_var")}
     gaps = {k: float(np.mean([p[1] for p in s["metrics"][k]])) for k in _metric_keys(s["metrics"], "gap")}
+    off_policy = {k: float(np.mean([p[1] for p in s["metrics"][k]]))
+                  for k in _metric_keys(s["metrics"], "off_policy", "kl_sampler")}
     all_lags = [lag for v in s["lags"].values() for lag in v]
     return {
         "verified_train_trials": len(r),
@@ -202,6 +206,7 @@ def summary_of(s: dict) -> dict:
         "critic_warmup_ev": list(s["warmup"]) if s["warmup"] else None,
         "last_explained_variance": last_ev,
         "mean_gaps": gaps,
+        "mean_off_policy": off_policy,  # the sampler-learner KL, the weights' mean, truncated / masked fractions
         "staleness_decisions": dict(s["decisions"]),
         "mean_lag": float(np.mean(all_lags)) if all_lags else None,
         "cancellations": len(s["cancellations"]),
@@ -243,7 +248,7 @@ def write_plots(events, out_dir: str | Path) -> list[Path]:
     written.append(_save(fig, out_dir / "cancellations.png"))
 
     if s["metrics"]:
-        fig = plt.figure(figsize=(14, 3 * max(1, (min(len(s["metrics"]), 16) + 3) // 4)))
+        fig = plt.figure(figsize=(14, 3 * max(1, (min(len(s["metrics"]), MAX_PANELS) + 3) // 4)))
         plot_learner_metrics(s, fig)
         fig.tight_layout()
         written.append(_save(fig, out_dir / "learner_metrics.png"))

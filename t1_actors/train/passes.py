@@ -63,7 +63,10 @@ def _value_forward(critic: Trainable) -> segments.SegmentForward:
 class TokenSums:
     """The step's per-token metrics as sums over this rank's loss tokens (the step sums them over
     data-parallel ranks): clip fraction, approx KL and entropy, each weighted by a minibatch's loss tokens
-    (``tokens``); the |sampler - learner| logprob gap over the tokens it was measured on (``gap_tokens``)."""
+    (``tokens``); the |sampler - learner| logprob gap and the sampler-learner KL (k3 of the learner's
+    logprobs against the sampler's) over the tokens they were measured on (``gap_tokens``); with
+    ``old_logprobs = "recompute"``, over the same tokens, the importance weights w = pi_prox / pi_behav
+    (``off_policy.correction_counts``: their sum, how many exceed C, how many lie outside [1/C, C])."""
 
     clip: float = 0.0
     kl: float = 0.0
@@ -71,11 +74,26 @@ class TokenSums:
     tokens: float = 0.0
     gap: float = 0.0
     gap_tokens: float = 0.0
+    gap_kl: float = 0.0
+    is_weight: float = 0.0
+    is_truncated: float = 0.0
+    is_masked: float = 0.0
 
 
 def logprob_gap_sum(logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """sum over loss tokens of |train logprob - sampler logprob| (divide by the token count for the mean)."""
     return ((logprobs.detach() - sampler_logprobs).abs() * mask).sum()
+
+
+def sampler_learner_kl_sum(logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> float:
+    """Sum over loss tokens of Schulman's k3 between the sampler and the learner (divide by the token count):
+
+        k3_j = (w_j - 1) - log w_j,   w_j = pi_learner(a_j|s_j) / pi_sampler(a_j|s_j)
+
+    The tokens were drawn from the sampler, so the mean estimates KL(pi_sampler || pi_learner) (>= 0 per token)."""
+    m = mask.bool()
+    log_w = torch.where(m, logprobs.detach().double() - sampler_logprobs.double(), 0.0)
+    return float((torch.expm1(log_w) - log_w).sum())
 
 
 @torch.no_grad()
@@ -104,10 +122,12 @@ def policy_logprobs(policy: Trainable, batch: TrajectoryBatch, routing: torch.Te
 
 def policy_backward(policy: Trainable, batch: TrajectoryBatch, rows: list[int], routing: torch.Tensor | None,
                      old_logprobs: torch.Tensor, advantages: torch.Tensor, normalizer: torch.Tensor,
-                     cfg: ppo.PPOConfig, sums: TokenSums, measure_gap: bool) -> float:
+                     cfg: ppo.PPOConfig, sums: TokenSums, measure_gap: bool,
+                     weights: torch.Tensor | None = None) -> float:
     """The clipped surrogate (and entropy bonus) of minibatch ``rows`` into ``.grad``, micro-batch by
-    micro-batch; each part's token sums divided by the minibatch's ``normalizer``. Adds the per-token
-    metrics to ``sums``; returns the loss."""
+    micro-batch; each part's token sums divided by the minibatch's ``normalizer``. ``weights`` (the rows'
+    off-policy weights, computed over whole trajectories before any segmenting) multiply each token's
+    surrogate; None: none. Adds the per-token metrics to ``sums``; returns the loss."""
     inputs, targets, mask = batch.inputs[rows], batch.targets[rows], batch.action_mask[rows]
     sampler_logprobs = batch.sampler_logprobs[rows, 1:]
     total = 0.0
@@ -119,7 +139,7 @@ def policy_backward(policy: Trainable, batch: TrajectoryBatch, rows: list[int], 
         log_pi = ppo.log_policy(output[0], cfg.temperature)  # once: the ratio's logprobs and the entropy read it
         logprobs = ppo.taken_logprobs(log_pi, pick(targets))
         loss, clip_fraction = ppo.ppo_policy_loss(logprobs, pick(old_logprobs), pick(advantages), m, cfg.clip_eps,
-                                                  normalizer)
+                                                  normalizer, None if weights is None else pick(weights))
         count = float(m.sum())
         if cfg.entropy_coef > 0:
             ent = ppo.entropy_of(log_pi, m)
@@ -135,6 +155,7 @@ def policy_backward(policy: Trainable, batch: TrajectoryBatch, rows: list[int], 
             sums.tokens += count
             if measure_gap:
                 sums.gap += float(logprob_gap_sum(logprobs, pick(sampler_logprobs), m))
+                sums.gap_kl += sampler_learner_kl_sum(logprobs, pick(sampler_logprobs), m)
                 sums.gap_tokens += count
         total += float(loss.detach())
         return loss

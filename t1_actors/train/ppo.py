@@ -67,6 +67,15 @@ class PPOConfig(BaseModel):
     old_logprobs: Literal["sampler", "recompute"] = Field(
         "sampler", description="pi_old of the ratio: the sampler's logprobs (TITO+R3 make them faithful) "
                                "or the learner's own, recomputed before the first epoch")
+    off_policy_correction: Literal["none", "truncate", "mask"] = Field(
+        "none", description="importance weight w = pi_prox / pi_behav (learner before the step / sampler) on each "
+                            "token's clipped surrogate: none; truncate: min(w, C); mask: 1[1/C <= w <= C] (tokens "
+                            "outside dropped). Needs old_logprobs = 'recompute' (docs/ppo.md)")
+    off_policy_level: Literal["token", "sequence", "geometric"] = Field(
+        "token", description="w per token, or one per trajectory (all its chunks): sequence = the product of its "
+                             "token weights, geometric = their geometric mean (verl's levels)")
+    off_policy_cap: float = Field(2.0, gt=1, le=1e6, description="C of the correction: truncate caps w at C, mask "
+                                                                 "keeps [1/C, C]")
     normalize_advantages: bool = Field(False, description="whiten A over the batch's loss tokens")
     positive_advantages_only: bool = Field(False, description="train only on actions with A > 0 (A+ = max(A, 0)); "
                                                               "not the recipe: an experiment, see README")
@@ -94,6 +103,11 @@ class PPOConfig(BaseModel):
             raise ValueError(f"actor_params = {list(self.actor_params)} with no critic_lr: actor_lr is sized for the "
                              "tensors RL updates, and critic_lr_ratio * it is no rate for the whole critic; set "
                              "[ppo] critic_lr (e.g. 1.5e-3)")
+        if self.off_policy_correction != "none" and self.old_logprobs != "recompute":
+            raise ValueError(f"off_policy_correction = '{self.off_policy_correction}' with old_logprobs = "
+                             f"'{self.old_logprobs}': the weight w = pi_prox / pi_behav needs the learner's own "
+                             "logprobs before the step, and with the sampler's as pi_old pi_prox = pi_behav (w = 1); "
+                             "set [ppo] old_logprobs = \"recompute\" (or off_policy_correction = \"none\")")
         if self.advantage_estimator == "rloo" and self.normalize_advantages:
             raise ValueError("normalize_advantages = true with advantage_estimator = 'rloo': whitening centres A "
                              "over the batch, which gives every group whose attempts all scored alike (A = 0) a "
@@ -253,19 +267,25 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, normalizer: float | torch.T
 
 def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                     mask: torch.Tensor, clip_eps: float = 0.2,
-                    normalizer: float | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    normalizer: float | torch.Tensor | None = None,
+                    weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped surrogate objective (as a loss to minimise), token mean over loss tokens.
 
         rho_j = exp(log pi(a_j|s_j) - log pi_old(a_j|s_j))
-        L^CLIP = - E_j[ min(rho_j * A_j, clip(rho_j, 1 - eps, 1 + eps) * A_j) ]
+        L^CLIP = - E_j[ w_j * min(rho_j * A_j, clip(rho_j, 1 - eps, 1 + eps) * A_j) ]
 
     Clipping acts at both ends: for A > 0 the gain stops at rho = 1 + eps, for A < 0 at rho = 1 - eps.
-    Returns (loss, clip fraction = share of loss tokens with |rho - 1| > eps).
+    ``weights`` w_j: the off-policy correction's detached weights (``t1_actors.train.off_policy``); None
+    (w = 1) leaves the loss exactly as without. Returns (loss, clip fraction = share of loss tokens with
+    |rho - 1| > eps).
     """
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    loss = masked_mean(-torch.minimum(unclipped, clipped), mask, normalizer)
+    surrogate = -torch.minimum(unclipped, clipped)
+    if weights is not None:
+        surrogate = surrogate * weights.detach()
+    loss = masked_mean(surrogate, mask, normalizer)
     with torch.no_grad():
         clip_fraction = masked_mean(((ratio - 1.0).abs() > clip_eps).to(logprobs.dtype), mask)
     return loss, clip_fraction

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from t1_actors.train import ppo
+from t1_actors.train import off_policy, ppo
 from t1_actors.train.batch import TrajectoryBatch
 from t1_actors.train.passes import (
     TokenSums,
@@ -31,6 +31,7 @@ from t1_actors.train.passes import (
     logprob_gap_sum,
     policy_backward,
     policy_logprobs,
+    sampler_learner_kl_sum,
     value_backward,
     value_estimates,
 )
@@ -141,6 +142,37 @@ def fidelity_without_replay(policy: Trainable, batch: TrajectoryBatch, temperatu
     return torch.tensor([float(gap), float(batch.action_mask.sum()), mismatched, choices], dtype=torch.float64)
 
 
+# ------------------------------------------------------------------------------------ off-policy weights
+
+def off_policy_weights(batch: TrajectoryBatch, prox_logprobs: torch.Tensor, cfg: ppo.PPOConfig, sums: TokenSums,
+                       group=None) -> torch.Tensor | None:
+    """The detached weights of ``[ppo] off_policy_correction`` for every row ``[B, T-1]`` (None for "none"),
+    from the learner's pre-step logprobs and the sampler's; adds the weights' counts to ``sums`` whatever the
+    mode (a run without the correction still reports what it would truncate or mask).
+
+    Computed once over the whole batch before any minibatch or segment, so a trajectory's weight at the
+    sequence levels covers all its chunks (rows of one trial id) and all its segments; with data parallel,
+    a trial's chunks may sit on several ranks, whose per-trial totals are gathered and added first.
+    """
+    mask, behaviour = batch.action_mask, batch.sampler_logprobs[:, 1:]
+    totals = None
+    if cfg.off_policy_level != "token" and world_size(group) > 1:
+        local = off_policy.trajectory_log_ratio_totals(prox_logprobs - behaviour, mask, batch.trial_ids)
+        parts: list = [None] * world_size(group)
+        dist.all_gather_object(parts, local, group=group)
+        totals = off_policy.merge_totals(parts)
+    w = off_policy.importance_weights(prox_logprobs, behaviour, mask, cfg.off_policy_level, batch.trial_ids, totals)
+    weight, truncated, masked = off_policy.correction_counts(w, mask, cfg.off_policy_cap)
+    sums.is_weight += weight
+    sums.is_truncated += truncated
+    sums.is_masked += masked
+    if cfg.off_policy_correction == "truncate":
+        return off_policy.truncated_importance_weights(w, cfg.off_policy_cap)
+    if cfg.off_policy_correction == "mask":
+        return off_policy.masked_importance_weights(w, cfg.off_policy_cap)
+    return None
+
+
 # ------------------------------------------------------------------------------------------- the loops
 
 def minibatch_plan(batch_size: int, cfg: ppo.PPOConfig, seed: int) -> list[tuple[int, list[int]]]:
@@ -161,9 +193,11 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
 
     ``replay``: the training forward replays the batch's routing record (R3). ``fidelity``: also run
     one no-grad forward without replay, for the logprob gap and routing mismatch without R3.
-    Returns the step's metrics (reduced over data-parallel ranks). The R3 logprob gap is measured on
-    the policy as it was before this step's first update: the whole batch when ``old_logprobs`` is
-    recomputed, else the first minibatch's training forward (all tokens when ``minibatches = 1``).
+    Returns the step's metrics (reduced over data-parallel ranks). The R3 logprob gap and the
+    sampler-learner KL are measured on the policy as it was before this step's first update: the whole
+    batch when ``old_logprobs`` is recomputed, else the first minibatch's training forward (all tokens
+    when ``minibatches = 1``). With ``old_logprobs = "recompute"`` the policy loss carries the off-policy
+    correction of ``off_policy_weights`` and the metrics its weights' mean and truncated / masked fractions.
     """
     started = time.perf_counter()
     if replay and batch.routing is None:
@@ -179,10 +213,13 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
     old_values = batch.old_values[:, 1:]
     sampler_logprobs = batch.sampler_logprobs[:, 1:]
     sums = TokenSums()
+    weights = None
     if cfg.old_logprobs == "recompute":
         old_logprobs, _ = policy_logprobs(policy, batch, routing, cfg.temperature)
         sums.gap += float(logprob_gap_sum(old_logprobs, sampler_logprobs, mask))
+        sums.gap_kl += sampler_learner_kl_sum(old_logprobs, sampler_logprobs, mask)
         sums.gap_tokens += float(mask.sum())
+        weights = off_policy_weights(batch, old_logprobs, cfg, sums, group)
     else:
         old_logprobs = sampler_logprobs
 
@@ -202,7 +239,8 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
         measure_gap = update == 0 and cfg.old_logprobs == "sampler"  # the only forward before any update
         policy.optimizer.zero_grad(set_to_none=True)
         loss = policy_backward(policy, batch, rows, None if routing is None else routing[rows], old_logprobs[rows],
-                                advantages[rows], normalizer, cfg, sums, measure_gap)
+                                advantages[rows], normalizer, cfg, sums, measure_gap,
+                                None if weights is None else weights[rows])
         policy_loss += loss
         grad_norms.append(apply_gradients(policy, cfg.max_grad_norm, group))
         if critic is not None:
@@ -223,6 +261,7 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
         "approx_kl": sums.kl / max(sums.tokens, 1.0),
         "entropy": sums.entropy / max(sums.tokens, 1.0),
         ("logprob_gap_r3" if replay else "logprob_gap_no_r3"): sums.gap / max(sums.gap_tokens, 1.0),
+        "kl_sampler_learner": sums.gap_kl / max(sums.gap_tokens, 1.0),
         "explained_variance": _explained_variance(old_values, returns, mask, group),
         "grad_norm": sum(grad_norms) / len(grad_norms),
         "reward_mean": float(tokens[2] / tokens[3]),
@@ -232,6 +271,10 @@ def run_ppo_step(policy: Trainable, batch: TrajectoryBatch, cfg: ppo.PPOConfig, 
         "step_seconds": elapsed,
         "r3": float(replay),
     }
+    if cfg.old_logprobs == "recompute":  # w = pi_prox / pi_behav over the same tokens as the gap (all)
+        metrics["off_policy_weight_mean"] = sums.is_weight / max(sums.gap_tokens, 1.0)
+        metrics["off_policy_truncated_fraction"] = sums.is_truncated / max(sums.gap_tokens, 1.0)
+        metrics["off_policy_masked_fraction"] = sums.is_masked / max(sums.gap_tokens, 1.0)
     if critic is not None:
         metrics["value_loss"] = value_loss
     if no_replay is not None:
