@@ -43,3 +43,12 @@ def test_an_upward_import_breaks_the_contract_naming_it(tmp_path):
     assert broken.returncode != 0
     assert "storage is not allowed to import t1_actors.job" in broken.stdout
     assert "storage._writer -> t1_actors.job.config" in broken.stdout
+
+
+MAX_MODULE_LINES = 400  # small modules behind small public faces (docs/architecture.md)
+
+
+def test_every_module_of_the_packages_stays_small():
+    long = {str(path.relative_to(ROOT)): n for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them): {long}"
