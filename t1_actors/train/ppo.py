@@ -141,6 +141,32 @@ def reward(passed: int, scale: int = REWARD_SCALE) -> float:
     return passed / scale
 
 
+RewardKind = Literal["dense", "binary"]  # [verifier] reward: which equation scores a verified trial
+
+
+def binary_reward(passed: int, total: int) -> float:
+    """Binary all-pass reward (the first T1 campaign's, which never exceeded its SFT baseline).
+
+        r = 1[P = N and N > 0]
+
+    P = passing tests, N = the tests the verifier ran: 1 when every test passed, else 0 (a run of no test is
+    not a pass); the dense ``reward``'s partial credit is gone.
+    """
+    if passed < 0 or total < 0 or passed > total:
+        raise ValueError(f"need 0 <= passed <= total, got passed={passed}, total={total}")
+    return 1.0 if total > 0 and passed == total else 0.0
+
+
+def task_reward(kind: RewardKind, passed: int, total: int, scale: int = REWARD_SCALE) -> float:
+    """The reward of a verified trial under ``[verifier] reward``: ``reward`` (dense, r = P / S) or
+    ``binary_reward`` (r = 1[P = N])."""
+    if kind == "dense":
+        return reward(passed, scale)
+    if kind == "binary":
+        return binary_reward(passed, total)
+    raise ValueError(f"reward kind must be 'dense' or 'binary', got {kind!r}")
+
+
 def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-token rewards ``[B, T]``: each trajectory's reward on its last loss token, 0 elsewhere."""
     if rewards.ndim != 1 or mask.ndim != 2 or rewards.shape[0] != mask.shape[0]:
