@@ -86,7 +86,7 @@ def paired_mean_ci(deltas: list[float], z: float = 1.96) -> tuple[float, float]:
 
 
 def eval_reward(result: VerifierResult) -> float:
-    """What an eval scores a trial's reward by: the dense reward r = P / S (``t1_actors.train.ppo.reward``),
+    """What an eval scores a trial's reward by: the dense reward r = P / S (``t1_actors.train.reward.reward``),
     whatever reward the run trains on (``[verifier] reward``). A dense result's own reward, bit for bit; a
     binary one's P / S from its count, so the passes of a binary-reward run, the SFT passes it reads from a
     dense one and every arm of an ablation are on one scale."""

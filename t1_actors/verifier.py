@@ -24,7 +24,7 @@ from t1_actors.backends.sandbox_backend import SandboxConfig
 from t1_actors.runtime.actor import Actor, handles
 from t1_actors.tasks import build_task_sets
 from t1_actors.tasks.config import TasksConfig
-from t1_actors.train.ppo import REWARD_SCALE
+from t1_actors.train.reward import REWARD_SCALE
 from t1_actors.verify.engine import Verifier, VerifierConfig
 
 

@@ -185,6 +185,14 @@ def test_every_arm_starts_from_one_sft_policy_and_an_arm_that_plays_trials_other
     assert base == tmp_path / "base" and (runs[0].arm, runs[0].run_dir) == (None, base)
 
 
+def test_each_run_of_an_ablation_on_an_object_store_has_a_log_prefix_of_its_own(tmp_path):
+    raw = {**_raw(), "storage": {"url": "s3://bucket/abl"}}
+    _, runs = plan_ablation(raw, parse_arms(["dense:", "binary:verifier.reward=binary"]), seeds=2, out=tmp_path,
+                            base=None)
+    assert [r.config.storage.url for r in runs] == [f"s3://bucket/abl/{arm}/seed{seed}" for seed in (0, 1)
+                                                    for arm in ("dense", "binary")]
+
+
 def test_a_base_must_be_finished_and_an_unfinished_run_is_refused_before_anything_runs(tmp_path):
     arms = parse_arms(["dense:", "binary:verifier.reward=binary"])
     with pytest.raises(ArmError, match="--base .*no summary.json"):

@@ -35,6 +35,7 @@ from typing import Any
 from pydantic import BaseModel
 from rich.console import Console
 
+from storage.config import StorageConfig
 from t1_actors.job.ablation import write_ablation
 from t1_actors.job.config import RunConfig, parse_config
 from t1_actors.job.seeds import run_once, seed_config
@@ -250,7 +251,7 @@ class PlannedRun:
 
 
 def _with_storage_prefix(config, prefix: str):
-    url = config.section("storage").url
+    url = config.section(StorageConfig).url
     if not url:
         return config
     data = config.to_jsonable()

@@ -159,7 +159,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {arm['name']} | {arm['describe']} | {arm['sft_passes']} |")
     lines += ["", "## Each run: RL at its best temperature against SFT at its best", "",
               "| arm | seed | SFT best (T) | RL best (T) | gained / lost | McNemar p | reward change (95 % CI) "
-              "| EV first / min / last | warm-up EV | logprob gap | commit |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| EV first / min / last | warm-up EV | logprob gap | commit |", "|---" * 11 + "|"]
     for r in report["runs"]:
         name = r["arm"] or "base"
         if "missing" in r:

@@ -39,7 +39,7 @@ def seed_config(config, *, seed: int, run_dir: Path, base: Path | None, reuse_sf
     data = _jsonable(config)
     data["run"]["dir"] = str(run_dir)
     if config.section(StorageConfig).url:  # each seed's log under a prefix of its own
-        data["storage"] = {**data.get("storage", {}), "url": f"{config.section('storage').url}/seed{seed}"}
+        data["storage"] = {**data.get("storage", {}), "url": f"{config.section(StorageConfig).url}/seed{seed}"}
     data["campaign"] = {**data.get("campaign", {}), "seed": seed}
     if base is not None:
         data["campaign"]["warm_start_from"] = str(base)

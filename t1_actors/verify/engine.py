@@ -15,7 +15,7 @@ Integrity, in the order it happens:
    so no workspace conftest or ini file loads, plugin autoload off, no network, a throwaway upper so
    the tests' writes never touch the trial.
 4. P comes from pytest's own reports through a plugin writing to a pipe; only ``passed`` counts
-   (skipped / xfailed / xpassed do not). reward = P / S, S = 20 fixed (``t1_actors.train.ppo.reward``), or
+   (skipped / xfailed / xpassed do not). reward = P / S, S = 20 fixed (``t1_actors.train.reward.reward``), or
    1[P = N] with ``[verifier] reward = "binary"`` (``binary_reward``); the event names which (``reward_kind``).
 5. The code under test runs in pytest's process when the tests import it, and could patch pytest's
    reporting. The recorder (``_sandbox/pytest_outcomes.py``) fingerprints that machinery and the hook
@@ -53,7 +53,7 @@ from t1_actors.backends._sandbox.interface import SandboxInfraError
 from t1_actors.backends._sandbox.pytest_outcomes import is_forgery
 from t1_actors.backends._sandbox.remote_verify import pytest_bundle, verify_in_sandbox
 from t1_actors.backends.local_sandbox import TrialRoot
-from t1_actors.train.ppo import REWARD_SCALE, RewardKind, task_reward
+from t1_actors.train.reward import REWARD_SCALE, RewardKind, task_reward
 
 if TYPE_CHECKING:
     from t1_actors.tasks.model import Task

@@ -24,7 +24,7 @@ from pathlib import Path
 from schemas import VerifierResult
 from storage import CorruptionError, EventLog
 from t1_actors.tasks import TasksConfig, build_task_sets, load_tasks
-from t1_actors.train.ppo import REWARD_SCALE, task_reward
+from t1_actors.train.reward import REWARD_SCALE, task_reward
 from t1_actors.verify.engine import tree_sha256
 
 REWARD_TOLERANCE = 1e-6
