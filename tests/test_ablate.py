@@ -283,7 +283,7 @@ def _constructed_run(run_dir: Path, resolved: list[bool], evs: list[float], r3: 
 def test_the_report_has_every_run_every_pair_and_the_verdict(tmp_path):
     out = tmp_path / "d"
     _constructed_run(out / "dense" / "seed0", [True, True, True, False], [-2.0, 0.3, 0.6])
-    _constructed_run(out / "binary" / "seed0", [False, True, False, False], [0.1, -0.5, 0.2], r3=False)
+    _constructed_run(out / "binary" / "seed0", [False, True, False, False], [float("nan"), -0.5, 0.2], r3=False)
     _constructed_run(out / "dense" / "seed1", [True, True, False, True], [0.4, 0.5])
     runs = [PlannedRun("dense", 0, out / "dense" / "seed0", None, "played"),
             PlannedRun("binary", 0, out / "binary" / "seed0", None, "B"),
@@ -302,6 +302,10 @@ def test_the_report_has_every_run_every_pair_and_the_verdict(tmp_path):
     assert dense0["critic_warmup_ev"] == [-3.0, 0.5] and dense0["learner_steps"] == 3
     assert dense0["logprob_gap"] == pytest.approx(0.02) and dense0["mean_logprob_gap_no_r3"] == 0.5
     assert binary0["logprob_gap"] == pytest.approx(0.02) and binary0["mean_logprob_gap_r3"] is None
+    # a step whose returns had no variance (every reward 0) has no explained variance: null, not NaN
+    assert (binary0["ev_first"], binary0["ev_min"], binary0["ev_last"], binary0["ev_undefined_steps"]) == \
+        (None, -0.5, 0.2, 1)
+    assert "NaN" not in (out / "ablation.json").read_text()
     assert dense0["code"]["commit"] == "abcdef1234" and dense0["gained"] == 3 and dense0["rl_best_label"] == "rl_best"
     assert "missing" in rows[3] and rows[3]["sft_passes"] == "B"
     [c] = report["comparisons"]

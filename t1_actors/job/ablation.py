@@ -14,6 +14,7 @@ task) pairs, judged by ``decision_rule``.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,11 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _defined(value: float | None) -> float | None:
+    """None for NaN: explained variance is undefined when a step's returns have no variance (every reward 0)."""
+    return None if value is None or math.isnan(value) else value
+
+
 def read_run(run_dir: Path, label: str | None) -> tuple[dict[str, Any], dict[str, Outcome]]:
     """From a run's log: the learner's dynamics (explained variance per step: first, min, last; the critic
     warm-up's before / after; the mean logprob gap of what it trained on, and each gap metric's mean) and the
@@ -90,10 +96,13 @@ def read_run(run_dir: Path, label: str | None) -> tuple[dict[str, Any], dict[str
         else:
             scored.append(event)
     steps.sort(key=lambda e: e.step)
-    ev = [e.metrics["explained_variance"] for e in steps if "explained_variance" in e.metrics]
+    ev = [_defined(e.metrics["explained_variance"]) for e in steps if "explained_variance" in e.metrics]
+    defined = [v for v in ev if v is not None]
     trained = [e.metrics.get("logprob_gap_r3" if e.metrics.get("r3", 1.0) else "logprob_gap_no_r3") for e in steps]
-    dynamics = {"learner_steps": len(steps), "ev_first": ev[0] if ev else None, "ev_min": min(ev) if ev else None,
-                "ev_last": ev[-1] if ev else None, "critic_warmup_ev": warmup,
+    dynamics = {"learner_steps": len(steps), "ev_first": ev[0] if ev else None,
+                "ev_min": min(defined) if defined else None, "ev_last": ev[-1] if ev else None,
+                "ev_undefined_steps": len(ev) - len(defined),
+                "critic_warmup_ev": [_defined(v) for v in warmup] if warmup else None,
                 "logprob_gap": _mean([g for g in trained if g is not None]),
                 **{f"mean_{key}": _mean([e.metrics[key] for e in steps if key in e.metrics])
                    for key in ("logprob_gap_r3", "logprob_gap_no_r3")}}
@@ -150,7 +159,7 @@ def _num(value: float | None, form: str = "+.2f") -> str:
 def markdown(report: dict[str, Any]) -> str:
     first = report["arms"][0]["name"]
     lines = [f"# Ablation of {report['config']}{' (--quick)' if report['quick'] else ''}: "
-             f"{len(report['arms'])} arms x {report['seeds']} seeds", "",
+             f"{len(report['arms'])} arms x {report['seeds']} seed{'s' if report['seeds'] > 1 else ''}", "",
              f"Every run starts from the SFT policy of `{report['base']}` "
              f"({'trained here: the config as it is, seed 0' if report['base_trained_here'] else '--base'}). "
              f"Arms are compared with the first, `{first}` (the arm the claim under test favours).", "",
@@ -158,6 +167,9 @@ def markdown(report: dict[str, Any]) -> str:
     for arm in report["arms"]:
         lines.append(f"| {arm['name']} | {arm['describe']} | {arm['sft_passes']} |")
     lines += ["", "## Each run: RL at its best temperature against SFT at its best", "",
+              "EV: the critic's explained variance over the learner steps (- where a step's returns had no "
+              "variance, e.g. every reward 0); logprob gap: mean |learner - sampler| logprob on the tokens trained.",
+              "",
               "| arm | seed | SFT best (T) | RL best (T) | gained / lost | McNemar p | reward change (95 % CI) "
               "| EV first / min / last | warm-up EV | logprob gap | commit |", "|---" * 11 + "|"]
     for r in report["runs"]:
