@@ -131,9 +131,11 @@ class WorkspaceRecovered(Event):
 
 @register
 class VerifierResult(Event):
-    """The task's own tests run against the trial's final workspace. reward = passed / S (S fixed)."""
+    """The task's own tests run against the trial's final workspace. reward = passed / S (S fixed) with
+    ``reward_kind`` "dense" (the recipe), 1 if every test passed else 0 with "binary" (``[verifier] reward``)."""
 
     kind = "verifier_result"
+    schema_version = 2  # 2 adds reward_kind
     trial_id: str
     task_id: str
     tests: dict[str, str]  # pytest node id -> outcome (passed/failed/error/skipped/xfailed/xpassed)
@@ -145,6 +147,7 @@ class VerifierResult(Event):
     tamper_flags: list[str] = []
     infra_error: str | None = None
     duration_s: float = 0.0
+    reward_kind: Literal["dense", "binary"] = "dense"  # the equation of reward: t1_actors.train.ppo.task_reward
 
 
 @register

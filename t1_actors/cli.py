@@ -2,6 +2,7 @@
 
     t1-actor launch --config run.toml [--host NAME]   every actor of this host, supervised
     t1-actor launch --config run.toml --seeds N       N RL seeds from one SFT policy, and their table
+    t1-actor ablate --config run.toml --arm A: --arm B:KEY=VALUE --seeds N   arms from one SFT policy, paired
     t1-actor <role> --config run.toml [--name NAME]   one actor (a cluster runs one per process/host)
     t1-actor check --config run.toml                  validate the config and every actor's class/options
     t1-actor run-task TASK_DIR [--oracle] [--json]    one task in a local sandbox, then its verifier
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from t1_actors import __version__
 
-_COMMANDS = ("launch", "check", "run-task", "eval", "chaos")
+_COMMANDS = ("launch", "ablate", "check", "run-task", "eval", "chaos")
 
 
 def _role_table() -> dict[str, type]:
@@ -52,6 +53,20 @@ def _parser() -> argparse.ArgumentParser:
                              "trains it), then RUN_DIR/seeds.md: how many beat SFT at its best temperature")
     launch.add_argument("--base", default=None, metavar="RUN",
                         help="with --seeds: start every seed from this finished run's SFT policy and SFT passes")
+    ablate = sub.add_parser("ablate", help="single-axis ablations: arms that differ by a few config keys, N seeds "
+                                           "each, all from one SFT policy, paired against it and each other")
+    ablate.add_argument("--config", required=True, help="the campaign's TOML config (every arm's starting point)")
+    ablate.add_argument("--arm", action="append", required=True, metavar="NAME:KEY=VALUE[;KEY=VALUE]",
+                        help="one arm per --arm (the first is the one the others are compared with); KEY is "
+                             "section.key, VALUE a TOML value (a bare word is a string); NAME: is the config as it is")
+    ablate.add_argument("--seeds", type=int, required=True, metavar="N", help="seeds 0..N-1 of every arm")
+    ablate.add_argument("--base", default=None, metavar="RUN",
+                        help="a finished run whose SFT policy (and SFT passes) every arm starts from; default: the "
+                             "config as it is trained once first (seed 0)")
+    ablate.add_argument("--quick", action="store_true", help="apply the config's [quick.*] overrides (CI-sized)")
+    ablate.add_argument("--run-dir", default=None, metavar="D",
+                        help="where the runs (D/ARM/seedS), D/ablation.md and D/ablation.json go (default: "
+                             "[run] dir + '-ablation')")
     check = sub.add_parser("check", help="validate the config and every actor's class and options")
     check.add_argument("--config", required=True)
     check.add_argument("--quick", action="store_true", help="check with the [quick.*] overrides applied")
@@ -98,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "launch":
             return _launch(args)
+        if args.command == "ablate":
+            return _ablate(args)
         if args.command == "check":
             return _check(args)
         return _run_one(args.command, args)
@@ -161,6 +178,31 @@ def _campaign(args) -> int:
     except RunLocationError as error:  # the run dir or [storage] url, checked before anything ran
         raise ConfigError(str(error)) from None
     return 0 if summary.get("eval_after") is not None else 1
+
+
+def _ablate(args) -> int:
+    from t1_actors.job.ablate import run_ablation  # noqa: PLC0415 - keeps run-task/chaos free of torch (job.ablate: 1.7 s importtime)
+    from t1_actors.job.main import load_campaign_config  # noqa: PLC0415 - keeps run-task/chaos free of torch (job.main: 1.6 s importtime)
+    from t1_actors.runtime.config import ConfigError  # noqa: PLC0415 - keeps run-task free of it (0.34 s importtime)
+    from t1_actors.runtime.logs import configure_logging  # noqa: PLC0415 - keeps run-task free of it (0.49 s importtime)
+
+    if not _is_campaign(args.config):
+        raise ConfigError(f"ablate needs a campaign config (one with a [campaign] section); {args.config} has none")
+    config = load_campaign_config(args.config, quick=args.quick)
+    _check_classes(config, config.actors)
+    configure_logging(actor="campaign", role="campaign", run_id=config.run.id)
+    from tools.report import write_report  # noqa: PLC0415 - keeps run-task/chaos free of torch (tools.report: 2.2 s importtime)
+
+    out = Path(args.run_dir) if args.run_dir else Path(str(config.run.dir) + "-ablation")
+    try:
+        report = run_ablation(args.config, args.arm, seeds=args.seeds, out=out,
+                              base=Path(args.base) if args.base else None, quick=args.quick, write_report=write_report)
+    except (FileNotFoundError, FileExistsError, ValueError) as error:  # an ArmError is a ConfigError already
+        raise ConfigError(str(error)) from None
+    print(json.dumps({"arms": [arm["name"] for arm in report["arms"]], "seeds": report["seeds"],
+                      "verdicts": {c["arm"]: c["verdict"] for c in report["comparisons"]},
+                      "report": str(out / "ablation.md")}))
+    return 0
 
 
 def _launch(args) -> int:

@@ -85,6 +85,16 @@ def paired_mean_ci(deltas: list[float], z: float = 1.96) -> tuple[float, float]:
     return mean, z * sd / math.sqrt(len(deltas))
 
 
+def eval_reward(result: VerifierResult) -> float:
+    """What an eval scores a trial's reward by: the dense reward r = P / S (``t1_actors.train.reward.reward``),
+    whatever reward the run trains on (``[verifier] reward``). A dense result's own reward, bit for bit; a
+    binary one's P / S from its count, so the passes of a binary-reward run, the SFT passes it reads from a
+    dense one and every arm of an ablation are on one scale."""
+    if result.reward_kind == "dense":
+        return result.reward
+    return result.passed / result.reward_scale
+
+
 def eval_outcomes(events: Iterable) -> dict[int, dict[str, Outcome]]:
     """Per policy version an eval was run at (the version its trials were issued for): task -> outcome.
 
@@ -104,7 +114,7 @@ def eval_outcomes(events: Iterable) -> dict[int, dict[str, Outcome]]:
         if result is None or result.infra_error is not None:
             continue
         resolved = result.total > 0 and result.passed == result.total
-        out.setdefault(trial.policy_version_wanted, {})[trial.task_id] = Outcome(resolved, result.reward)
+        out.setdefault(trial.policy_version_wanted, {})[trial.task_id] = Outcome(resolved, eval_reward(result))
     return out
 
 
@@ -136,7 +146,7 @@ def labelled_attempts(events: Iterable) -> dict[str, list[Attempt]]:
         if result is None or result.infra_error is not None:
             continue
         resolved = result.total > 0 and result.passed == result.total
-        out.setdefault(trial.label, []).append(Attempt(trial.task_id, trial.sample, resolved, result.reward,
+        out.setdefault(trial.label, []).append(Attempt(trial.task_id, trial.sample, resolved, eval_reward(result),
                                                        dict(result.tests)))
     return out
 

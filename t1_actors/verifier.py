@@ -24,7 +24,7 @@ from t1_actors.backends.sandbox_backend import SandboxConfig
 from t1_actors.runtime.actor import Actor, handles
 from t1_actors.tasks import build_task_sets
 from t1_actors.tasks.config import TasksConfig
-from t1_actors.train.ppo import REWARD_SCALE
+from t1_actors.train.reward import REWARD_SCALE
 from t1_actors.verify.engine import Verifier, VerifierConfig
 
 
@@ -73,7 +73,7 @@ class VerifierActor(Actor):
         except (KeyError, SandboxInfraError) as exc:
             event = VerifierResult(trial_id=request.trial_id, task_id=request.task_id, tests={}, passed=0, total=0,
                                    reward=0.0, reward_scale=REWARD_SCALE, verifier_sha256="",
-                                   infra_error=str(exc).strip("'\""))
+                                   infra_error=str(exc).strip("'\""), reward_kind=self.verifier_config.reward)
         self._done += 1
         self._infra += event.infra_error is not None
         await self.log(event)

@@ -338,6 +338,56 @@ def test_seeds_run_from_one_sft_policy_write_their_table_and_resume(quick_campai
     assert again.returncode == 0 and json.loads((out / "seeds.json").read_text()) == table
 
 
+def test_ablate_runs_two_arms_from_one_sft_policy_writes_its_report_and_resumes(quick_campaign, tmp_path):
+    """`t1-actor ablate --base RUN`: a bad arm is refused before anything runs; then two arms (the config as it is,
+    the binary reward) of one seed, each RL from the base's SFT policy paired against the base's SFT passes and
+    against each other; the binary arm's verifier logged 0/1 rewards of kind binary; a second call runs nothing."""
+    source = quick_campaign.run_dir
+    config = micro_config(tmp_path, campaign={"rl_seconds": 40, "rl_steps": 2})
+    out = tmp_path / "ablation"
+    command = [sys.executable, "-m", "t1_actors.cli", "ablate", "--config", str(config), "--quick", "--seeds", "1",
+               "--base", str(source), "--run-dir", str(out)]
+    refused = subprocess.run([*command, "--arm", "dense:", "--arm", "x:tasks.train_size=10"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--arm x: tasks.train_size is refused" in refused.stderr, refused.stderr
+    assert not out.exists(), "nothing may run or be written before every arm is sound"
+    arms = ["--arm", "dense:", "--arm", "binary:verifier.reward=binary"]
+    first = subprocess.run([*command, *arms], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stderr[-4000:]
+    printed = json.loads(first.stdout.strip().splitlines()[-1])
+    assert printed["arms"] == ["dense", "binary"] and printed["seeds"] == 1
+    report = json.loads((out / "ablation.json").read_text())
+    assert report["base"] == str(source) and not report["base_trained_here"]
+    dense, binary = report["runs"]
+    for row, arm in ((dense, "dense"), (binary, "binary")):
+        assert (row["arm"], row["seed"], row["sft_passes"]) == (arm, 0, str(source)) and "missing" not in row
+        summary = json.loads((out / arm / "seed0" / "summary.json").read_text())
+        assert row["gained"] == summary["eval_change_vs_sft_best"]["gained"] and row["code"] == summary["code"]
+        assert 1 <= row["learner_steps"] <= 2 and row["logprob_gap"] is not None
+        # EV per step, or undefined where a step's returns had no variance (the binary reward of a policy that
+        # resolves nothing is 0 everywhere)
+        assert (row["ev_last"] is not None) + row["ev_undefined_steps"] >= 1
+    assert json.loads((out / "binary" / "seed0" / "summary.json").read_text())["recipe"]["reward"] == "1[P = N]"
+    kinds = {}
+    for arm in ("dense", "binary"):
+        results = [e for _, e in EventLog.open(out / arm / "seed0" / "log").events(kinds=["verifier_result"])]
+        kinds[arm] = {e.reward_kind for e in results}
+        if arm == "binary":
+            assert {e.reward for e in results} <= {0.0, 1.0}
+    assert kinds == {"dense": {"dense"}, "binary": {"binary"}}
+    [comparison] = report["comparisons"]
+    [per_seed] = comparison["per_seed"]
+    assert (comparison["arm"], comparison["against"], per_seed["pairs"]) == ("binary", "dense", 12)
+    assert comparison["verdict"] in ("reproduced", "not reproduced", "inconclusive at this size")
+    assert printed["verdicts"] == {"binary": comparison["verdict"]}
+    text = (out / "ablation.md").read_text()
+    assert "| binary | verifier.reward = \"binary\" |" in text and comparison["verdict"] in text
+    finished = {arm: (out / arm / "seed0" / "summary.json").stat().st_mtime_ns for arm in ("dense", "binary")}
+    again = subprocess.run([*command, *arms], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and json.loads((out / "ablation.json").read_text()) == report
+    assert finished == {arm: (out / arm / "seed0" / "summary.json").stat().st_mtime_ns for arm in finished}
+
+
 def test_t1_actor_eval_plays_a_run_policy_on_the_example_tasks(quick_campaign, tmp_path):
     """`t1-actor eval --policy run:RUN`: the quick campaign's final policy through the campaign's agent loop
     on the shipped Terminal-Bench and Harbor tasks, every turn in the eval's own log."""

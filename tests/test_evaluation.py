@@ -199,6 +199,13 @@ def test_sft_passes_from_a_warm_start_are_refused_unless_the_draws_match(tmp_pat
     (previous / "config.resolved.json").write_text(json.dumps(theirs))
     with pytest.raises(ValueError, match=r"\[eval\] temperatures = \[0.5, 1.0\]"):
         check_warm_start_passes(previous, config)
+    # the context strategy and the sampler's precision decide where a trial ends and what it draws: no sharing
+    for section, key, value in (("campaign", "context_strategy", "window"), ("sampler", "dtype", "bfloat16")):
+        other = config.to_jsonable()
+        other[section][key] = value
+        (previous / "config.resolved.json").write_text(json.dumps(other))
+        with pytest.raises(ValueError, match=rf"its \[{section}\] {key} = '{value}'"):
+            check_warm_start_passes(previous, config)
     # a validation probe during RL decides no SFT pass's draws: the two runs may differ there
     theirs["eval"] = {**config.to_jsonable()["eval"], "probe_every": 10, "probe_tasks": 8}
     (previous / "config.resolved.json").write_text(json.dumps(theirs))

@@ -61,7 +61,7 @@ from t1_actors.rollout.inprocess import InProcessPorts
 from t1_actors.rollout.trials import TrialRunner, play_all, run_eval
 from t1_actors.runtime.config import ConfigError
 from t1_actors.schedule import CampaignConfig, rl_task_order, warmup_task_ids
-from t1_actors.stats import Outcome, first_attempts, paired_change
+from t1_actors.stats import Outcome, eval_reward, first_attempts, paired_change
 from t1_actors.tasks import build_task_sets
 from t1_actors.tasks.config import TasksConfig
 from t1_actors.train.ppo import PPOConfig
@@ -150,7 +150,7 @@ class Probe:
         """Each task once, its turns seeded by ``eval_seed``: task id -> Outcome."""
         outcomes = await play_all(runner, task_ids, "eval", assemble=False,
                                   concurrency=self.campaign.eval_concurrency)
-        return {o.task_id: Outcome(o.resolved, o.result.reward) for o in outcomes
+        return {o.task_id: Outcome(o.resolved, eval_reward(o.result)) for o in outcomes
                 if o.result is not None and o.result.infra_error is None}
 
     async def warm_up_critic(self, runner, task_ids: list[str]) -> dict:

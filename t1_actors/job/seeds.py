@@ -32,17 +32,18 @@ from t1_actors.layout import has_log
 ALPHA = 0.05
 
 
-def seed_config(config, *, seed: int, run_dir: Path, base: Path | None):
+def seed_config(config, *, seed: int, run_dir: Path, base: Path | None, reuse_sft_passes: bool = True):
     """The campaign config of one seed: its own run dir and ``[campaign] seed``; warm-started from ``base``
-    (its tokenizer, SFT policy and SFT eval passes) unless ``base`` is None."""
+    (its tokenizer, SFT policy and, with ``reuse_sft_passes``, its SFT eval passes; else this seed plays them)
+    unless ``base`` is None."""
     data = _jsonable(config)
     data["run"]["dir"] = str(run_dir)
     if config.section(StorageConfig).url:  # each seed's log under a prefix of its own
-        data["storage"] = {**data.get("storage", {}), "url": f"{config.section('storage').url}/seed{seed}"}
+        data["storage"] = {**data.get("storage", {}), "url": f"{config.section(StorageConfig).url}/seed{seed}"}
     data["campaign"] = {**data.get("campaign", {}), "seed": seed}
     if base is not None:
         data["campaign"]["warm_start_from"] = str(base)
-        data["eval"] = {**data.get("eval", {}), "sft_passes": "warm_start"}
+        data["eval"] = {**data.get("eval", {}), "sft_passes": "warm_start" if reuse_sft_passes else "run"}
     return parse_config(data, f"seed {seed}")
 
 
@@ -59,6 +60,20 @@ def seed_row(seed: int, run_dir: Path) -> dict[str, Any]:
             "gained": change["gained"], "lost": change["lost"], "mcnemar_p": change["mcnemar_p"],
             "reward_delta": change["reward_delta"], "reward_delta_ci95": change["reward_delta_ci95"],
             "beats_sft_best": change["gained"] > change["lost"] and change["mcnemar_p"] < ALPHA}
+
+
+def run_once(config, run_dir: Path, title: str, *, console, write_report=None) -> bool:
+    """One campaign of a series (a seed, an ablation's arm): skipped when its summary.json exists (finished);
+    refused when its directory holds a log but no summary.json (unfinished: the finished ones are kept). Returns
+    whether it ran."""
+    if (run_dir / "summary.json").is_file():
+        return False
+    console.rule(title)
+    if has_log(run_dir):
+        raise FileExistsError(f"{run_dir} holds an unfinished run (a log, no summary.json); move it away "
+                              "and run again: the finished runs are kept")
+    run_campaign(config, console=console, write_report=write_report)
+    return True
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -107,12 +122,7 @@ def run_seeds(config, *, seeds: int, out: Path, base: Path | None = None, consol
         plan.append((seed, run_dir, seed_cfg))
     rows = []
     for seed, run_dir, seed_cfg in plan:
-        if not (run_dir / "summary.json").is_file():
-            console.rule(f"seed {seed} of {seeds}: {run_dir}")
-            if has_log(run_dir):
-                raise FileExistsError(f"{run_dir} holds an unfinished run (a log, no summary.json); move it away "
-                                      "and run again: the finished seeds are kept")
-            run_campaign(seed_cfg, console=console, write_report=write_report)
+        run_once(seed_cfg, run_dir, f"seed {seed} of {seeds}: {run_dir}", console=console, write_report=write_report)
         rows.append(seed_row(seed, run_dir))
         write_table(out, rows)  # the table so far survives a later seed's failure
     table = write_table(out, rows)

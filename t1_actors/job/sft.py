@@ -128,11 +128,24 @@ def check_warm_start_tasks(previous: Path, tasks) -> None:
                          f"{len(seen)} tasks it saw, or warm-start from a run with the same [tasks] section")
 
 
-# what decides an eval pass's draws besides the policy: equal in both runs, or their SFT passes differ
-_DRAW_KEYS = {"tasks": None, "eval": None, "sampler": ("temperature", "top_p"),
-              "campaign": ("max_turns", "max_new_tokens", "max_context", "tool_output_chars")}
+# what decides an eval pass's draws besides the policy: equal in both runs, or their SFT passes differ (the engine
+# and its precision draw other tokens; the turn, token and context budgets and the context strategy end or edit
+# a trial at other points)
+_DRAW_KEYS = {"tasks": None, "eval": None, "sampler": ("temperature", "top_p", "backend", "dtype"),
+              "campaign": ("max_turns", "max_new_tokens", "max_context", "tool_output_chars", "max_total_new_tokens",
+                           "context_strategy", "keep_last_turns")}
 # keys of those sections that no SFT pass reads: where the SFT passes come from, and the probe played during RL
 _NOT_SFT_DRAWS = {("eval", "sft_passes"), ("eval", "probe_every"), ("eval", "probe_tasks")}
+
+
+def decides_sft_draws(section: str, key: str) -> bool:
+    """Whether ``[section] key`` decides the draws of the SFT policy's eval passes: two runs that differ there
+    cannot share one SFT pass (``check_warm_start_passes`` refuses it; ``t1-actor ablate`` has such an arm play
+    its own)."""
+    if section not in _DRAW_KEYS or (section, key) in _NOT_SFT_DRAWS:
+        return False
+    keys = _DRAW_KEYS[section]
+    return keys is None or key in keys
 
 
 def check_warm_start_passes(previous: Path, config) -> None:

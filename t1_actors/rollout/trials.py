@@ -26,7 +26,7 @@ from t1_actors.policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
 from t1_actors.policy.generation import NO_PREFIX, TurnPrefix
 from t1_actors.rollout.admission import LengthBias, StalenessConfig, admit, policy_lag, trials_to_launch
 from t1_actors.rollout.loop import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
-from t1_actors.stats import wilson_interval
+from t1_actors.stats import eval_reward, wilson_interval
 
 
 class TrialPorts(Protocol):
@@ -200,7 +200,7 @@ async def play_all(runner: TrialRunner, task_ids: list[str], split: str, *, asse
 async def run_eval(runner: TrialRunner, task_ids: list[str], *, label: str, concurrency: int,
                    temperature: float | None = None, samples: int = 1, last: bool = False) -> EvalResult:
     """Every task ``samples`` times with the current policy at ``temperature`` (None: the run's), seeded
-    by ``eval_seed``: resolved rate (all tests pass) over the trials, mean reward, 95 % CI."""
+    by ``eval_seed``: resolved rate (all tests pass) over the trials, mean (dense: ``eval_reward``) reward, 95 % CI."""
     outcomes = await play_all(runner, task_ids, "eval", assemble=False, concurrency=concurrency, label=label,
                               samples=samples, temperature=temperature)
     versions = [t.policy_version for o in outcomes for t in o.rollout.turns]
@@ -214,7 +214,7 @@ async def run_eval(runner: TrialRunner, task_ids: list[str], *, label: str, conc
                        policy_version=max(versions, default=runner.ports.learner_version()),
                        n=len(scored), resolved=resolved,
                        mean_turns=float(np.mean([len(o.rollout.turns) for o in scored])) if scored else 0.0,
-                       mean_reward=float(np.mean([o.result.reward for o in scored])) if scored else 0.0,
+                       mean_reward=float(np.mean([eval_reward(o.result) for o in scored])) if scored else 0.0,
                        ci_low=low, ci_high=high,
                        per_family={k: float(np.mean(v)) for k, v in sorted(per_family.items())})
     await runner.ports.log(event)

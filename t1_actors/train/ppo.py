@@ -1,4 +1,5 @@
-"""PPO maths of the T1 recipe, read top to bottom: reward, GAE, returns, the three losses, diagnostics.
+"""PPO maths of the T1 recipe, read top to bottom: reward (its equations in ``t1_actors.train.reward``), GAE,
+returns, the three losses, diagnostics.
 
 Pure functions on torch tensors; no model, no optimiser, no I/O. Every paper equation lives in exactly
 one function named after it, with the equation in its docstring.
@@ -26,7 +27,11 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-REWARD_SCALE = 20  # S of the recipe: fixed and global, never the task's own number of tests
+from t1_actors.train.reward import REWARD_SCALE as REWARD_SCALE  # the rewards live in train/reward.py, read here too
+from t1_actors.train.reward import RewardKind as RewardKind
+from t1_actors.train.reward import binary_reward as binary_reward
+from t1_actors.train.reward import reward as reward
+from t1_actors.train.reward import task_reward as task_reward
 
 
 class PPOConfig(BaseModel):
@@ -125,21 +130,6 @@ class PPOConfig(BaseModel):
 
 
 # ----------------------------------------------------------------------------------------------- reward
-
-def reward(passed: int, scale: int = REWARD_SCALE) -> float:
-    """Dense verifier-count reward.
-
-        r = P / S
-
-    P = passing assertions of the task's own verifier, S = a fixed global scale (20), NOT the task's
-    test count: a task with more checks can pay more, and r is comparable across tasks.
-    """
-    if passed < 0:
-        raise ValueError(f"passed must be >= 0 (a count of passing tests), got {passed}")
-    if scale <= 0:
-        raise ValueError(f"reward scale S must be > 0, got {scale}")
-    return passed / scale
-
 
 def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-token rewards ``[B, T]``: each trajectory's reward on its last loss token, 0 elsewhere."""

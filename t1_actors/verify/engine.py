@@ -15,7 +15,8 @@ Integrity, in the order it happens:
    so no workspace conftest or ini file loads, plugin autoload off, no network, a throwaway upper so
    the tests' writes never touch the trial.
 4. P comes from pytest's own reports through a plugin writing to a pipe; only ``passed`` counts
-   (skipped / xfailed / xpassed do not). reward = P / S, S = 20 fixed (``t1_actors.train.ppo.reward``).
+   (skipped / xfailed / xpassed do not). reward = P / S, S = 20 fixed (``t1_actors.train.reward.reward``), or
+   1[P = N] with ``[verifier] reward = "binary"`` (``binary_reward``); the event names which (``reward_kind``).
 5. The code under test runs in pytest's process when the tests import it, and could patch pytest's
    reporting. The recorder (``_sandbox/pytest_outcomes.py``) fingerprints that machinery and the hook
    registry before collection and checks them before each pass it writes and at session finish, and
@@ -52,7 +53,7 @@ from t1_actors.backends._sandbox.interface import SandboxInfraError
 from t1_actors.backends._sandbox.pytest_outcomes import is_forgery
 from t1_actors.backends._sandbox.remote_verify import pytest_bundle, verify_in_sandbox
 from t1_actors.backends.local_sandbox import TrialRoot
-from t1_actors.train.ppo import REWARD_SCALE, reward
+from t1_actors.train.reward import REWARD_SCALE, RewardKind, task_reward
 
 if TYPE_CHECKING:
     from t1_actors.tasks.model import Task
@@ -69,6 +70,10 @@ class VerifierConfig(BaseModel):
     install_test_dependencies: bool = Field(True, description="pip-install test deps the verifier's env lacks "
                                                               "(once per requirement set, into base_dir/deps)")
     pip_args: list[str] = Field(default_factory=list, description="extra pip args, e.g. --no-index --find-links DIR")
+    reward: RewardKind = Field("dense", description="the reward a verified trial earns, logged in its "
+                                                    "verifier_result: dense = P / 20 (passing tests over a fixed "
+                                                    "scale, the recipe); binary = 1 if every test passed, else 0. "
+                                                    "Eval passes score the dense reward either way")
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,7 @@ class Verification:
     duration_s: float = 0.0
     log_tail: str = ""
     phases: dict[str, float] = field(default_factory=dict)  # seconds from fork: setup, pytest, reaped, cleaned
+    reward_kind: RewardKind = "dense"  # the equation of reward ([verifier] reward)
 
     @property
     def resolved(self) -> bool:
@@ -98,7 +104,8 @@ class Verification:
         return VerifierResult(trial_id=self.trial_id, task_id=self.task_id, tests=self.tests, passed=self.passed,
                               total=self.total, reward=self.reward, reward_scale=self.reward_scale,
                               verifier_sha256=self.verifier_sha256, tamper_flags=self.tamper_flags,
-                              infra_error=self.infra_error, duration_s=self.duration_s)
+                              infra_error=self.infra_error, duration_s=self.duration_s,
+                              reward_kind=self.reward_kind)
 
 
 # ------------------------------------------------------------------------------------------ pristine tests
@@ -335,14 +342,16 @@ class Verifier:
         # pytest's own reporting was altered in its process: no outcome it reported is evidence
         forged = any(is_forgery(flag) for flag in flags)
         passed = 0 if forged else sum(outcome == "passed" for outcome in tests.values())
-        return Verification(trial.trial_id, task.id, tests, passed, len(tests), reward(passed), REWARD_SCALE, sha,
+        return Verification(trial.trial_id, task.id, tests, passed, len(tests),
+                            task_reward(self.config.reward, passed, len(tests)), REWARD_SCALE, sha,
                             flags, None, bool(reply["timed_out"]),
-                            time.monotonic() - start, reply.get("log", ""), reply.get("phases", {}))
+                            time.monotonic() - start, reply.get("log", ""), reply.get("phases", {}),
+                            reward_kind=self.config.reward)
 
     def _failed(self, task: Task, trial, sha: str, error: str, start: float,
                 flags: list[str] | None = None) -> Verification:
         return Verification(trial.trial_id, task.id, {}, 0, 0, 0.0, REWARD_SCALE, sha, flags or [], error,
-                            False, time.monotonic() - start)
+                            False, time.monotonic() - start, reward_kind=self.config.reward)
 
     def close(self) -> None:
         with self._lock:

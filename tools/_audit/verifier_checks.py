@@ -6,7 +6,8 @@ For every ``VerifierResult`` in the log:
   (``t1_actors.verify.engine.tree_sha256``) - a mismatch means the tests the run was scored with are not
   the tests in the source (edited since, or the verifier's store was tampered with);
 - the result is internally consistent: P equals the number of tests whose outcome is ``passed``, total the
-  number of tests, reward = P / S with the recipe's fixed S;
+  number of tests, reward = P / S with the recipe's fixed S (1[P = N] for a binary-reward run's results,
+  ``reward_kind``);
 - tamper flags (what the agent tried: edited tests, planted conftest.py, a fake pytest...) are listed.
 
 The log's own chunk checksums are verified too (``EventLog.verify``).
@@ -23,7 +24,7 @@ from pathlib import Path
 from schemas import VerifierResult
 from storage import CorruptionError, EventLog
 from t1_actors.tasks import TasksConfig, build_task_sets, load_tasks
-from t1_actors.train.ppo import REWARD_SCALE
+from t1_actors.train.reward import REWARD_SCALE, task_reward
 from t1_actors.verify.engine import tree_sha256
 
 REWARD_TOLERANCE = 1e-6
@@ -80,8 +81,11 @@ def check_result(audit: VerifierAudit, event_id: str, result: VerifierResult, ex
             problems.append(f"P={result.passed} but {passed} tests passed")
         if len(result.tests) != result.total:
             problems.append(f"total={result.total} but {len(result.tests)} tests reported")
-        if abs(result.reward - result.passed / result.reward_scale) > REWARD_TOLERANCE:
-            problems.append(f"reward {result.reward} != P/S = {result.passed}/{result.reward_scale}")
+        expected = task_reward(result.reward_kind, result.passed, result.total, result.reward_scale)
+        if abs(result.reward - expected) > REWARD_TOLERANCE:
+            equation = (f"P/S = {result.passed}/{result.reward_scale}" if result.reward_kind == "dense"
+                        else f"1[P = N] with P = {result.passed}, N = {result.total}")
+            problems.append(f"reward {result.reward} != {equation} ({result.reward_kind} reward)")
     if reward_scale is not None and result.reward_scale != reward_scale:
         problems.append(f"S={result.reward_scale}, the recipe fixes S={reward_scale}")
     if problems:
