@@ -39,6 +39,9 @@ class CampaignConfig(BaseModel):
     seed: int = Field(0, description="seed of the SFT warm start (initial weights, example order) and of the "
                                      "critic's warm-up tasks and RL's task order (eval turns are seeded by task, "
                                      "not by it)")
+    tokenizer_path_components: bool = Field(False, description="the BPE keeps a slash on the word after it "
+                                                               "(/lunar): each name of a path follows a token "
+                                                               "of its own (see policy.tokenizer.train_tokenizer)")
     tokenizer_vocab: int = Field(1024, ge=300, description="ids of the byte-level BPE trained on the SFT tasks "
                                                            "(special tokens and the 256 bytes included; it may stop "
                                                            "short on a small corpus); [model] vocab_size becomes its "

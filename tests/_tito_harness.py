@@ -28,7 +28,7 @@ THINK_GENERATION_PROMPT = GENERATION_PROMPT + "<think>\n\n</think>\n\n"  # Qwen3
 
 
 @functools.lru_cache(maxsize=1)
-def project_tokenizer() -> Tokenizer:
+def project_tokenizer(*, path_components: bool = False) -> Tokenizer:
     """The project's byte-level BPE, trained (as the campaign does) on rendered chats, here including
     thoughts, blank lines and reasoning so that merges such as "\\n\\n" exist."""
     rng = random.Random(7)
@@ -41,7 +41,7 @@ def project_tokenizer() -> Tokenizer:
                 {"role": "tool", "content": "12 notes.txt\n\n"},
                 {"role": "assistant", "content": "\n\nDone. The file has 12 words."}]
         extra.append(render_chat(chat))
-    return train_tokenizer([*generic_shell_chats(400), *extra], vocab_size=1024)
+    return train_tokenizer([*generic_shell_chats(400), *extra], vocab_size=1024, path_components=path_components)
 
 
 def encode(tok: Tokenizer, text: str) -> np.ndarray:

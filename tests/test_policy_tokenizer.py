@@ -94,6 +94,16 @@ def test_train_tokenizer_has_specials_first_and_roundtrips(tmp_path):
         load_tokenizer(tmp_path / "missing")
 
 
+def test_path_components_put_each_name_of_a_path_after_a_token_of_its_own():
+    texts = [f"cat /app/{a}/{b}.txt && echo /app/{b}.txt" for a in ("lunar", "maple", "stone") for b in ("thorn", "reed")]
+    for path_components, expected in [(True, ["Ġ/", "app", "/lunar", "/thorn", ".", "txt"]),
+                                      (False, ["Ġ/", "app", "/", "lunar", "/", "thorn", ".", "txt"])]:
+        tok = train_tokenizer(texts * 20, vocab_size=400, path_components=path_components)
+        assert tok.encode(" /app/lunar/thorn.txt").tokens == expected
+        for text in [" /app/lunar/thorn.txt", "a//b /x/y z/ ünï/cödé\n\tend", "/"]:
+            assert tok.decode(tok.encode(text).ids) == text  # still byte-level: every text round-trips
+
+
 def test_committed_default_fits_the_default_model():
     from t1_actors.policy import ModelConfig
 

@@ -4,6 +4,7 @@ while tokenizing only the text after the last shared turn boundary."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import numpy as np
@@ -17,15 +18,21 @@ from t1_actors.rollout.context import drop_old_outputs, window
 from t1_actors.rollout.prompt import IncrementalPrompt, IncrementalRender, IncrementalTokens, common_prefix
 
 
-def t1_bpe():
-    tok = project_tokenizer()
+def t1_bpe(path_components: bool = False):
+    tok = project_tokenizer(path_components=path_components)
     return lambda text: tok.encode(text).ids
 
 
 
 
+@functools.cache
+def cached_bpe(path_components: bool):  # True: long.toml's ([campaign] tokenizer_path_components)
+    return t1_bpe(path_components)
+
+
 def random_chat(rng: random.Random, turns: int) -> list[dict]:
-    words = ["ls", "-la", "/app", "cat", "notes.txt", "wc", "-l", "echo", "done", "ünïcode", "  ", "\n", "<tool_call>"]
+    words = ["ls", "-la", "/app", "/app/lunar/thorn.txt",
+             "cat", "notes.txt", "wc", "-l", "echo", "done", "ünïcode", "  ", "\n", "<tool_call>"]
     messages = [{"role": "system", "content": "You are a shell agent."},
                 {"role": "user", "content": " ".join(rng.choices(words, k=12))}]
     for _ in range(turns):
@@ -38,9 +45,9 @@ def random_chat(rng: random.Random, turns: int) -> list[dict]:
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), edits=st.lists(st.sampled_from(["append", "drop", "window", "rewrite"]),
-                                                   min_size=1, max_size=12))
-def test_incremental_ids_equal_tokenizing_the_whole_prompt(seed, edits):
-    encode, rng = t1_bpe(), random.Random(seed)
+                                                   min_size=1, max_size=12), path_components=st.booleans())
+def test_incremental_ids_equal_tokenizing_the_whole_prompt(seed, edits, path_components):
+    encode, rng = cached_bpe(path_components), random.Random(seed)
     tokens, rendered, messages = IncrementalTokens(encode), IncrementalRender(render_chat), random_chat(rng, 1)
     prompt = IncrementalPrompt(render_chat, encode)  # the harness's: never joins or compares the whole chat
     for edit in edits:

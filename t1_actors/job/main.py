@@ -138,7 +138,8 @@ def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | N
     else:
         with console.status("[bold]2/5 tokenizer[/]"):
             tokenizer = (copy_run_tokenizer(run_dir, campaign.tokenizer) if campaign.tokenizer is not None
-                         else train_run_tokenizer(run_dir, tasks.sft, campaign.tokenizer_vocab))
+                         else train_run_tokenizer(run_dir, tasks.sft, campaign.tokenizer_vocab,
+                                                 path_components=campaign.tokenizer_path_components))
         console.log(f"tokenizer: {tokenizer.vocab_size} ids -> {tokenizer_path(run_dir)}")
         config = _with_vocab(config, tokenizer.vocab_size)
         timings["prepare_s"] = time.monotonic() - started

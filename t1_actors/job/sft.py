@@ -33,9 +33,9 @@ from t1_actors.warmstart.chats import oracle_chat, turn_examples
 from t1_actors.warmstart.finetune import chat_corpus, execute_oracle_pool, supervised_finetune
 
 
-def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int):
+def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int, *, path_components: bool = False):
     """Phase 2: the tiny BPE, trained on rendered oracle chats of the training split only."""
-    train_tokenizer(chat_corpus(train_tasks), vocab).save(str(tokenizer_path(run_dir)))
+    train_tokenizer(chat_corpus(train_tasks), vocab, path_components=path_components).save(str(tokenizer_path(run_dir)))
     return load_tokenizer(tokenizer_path(run_dir))  # exactly what the run's actors will load
 
 

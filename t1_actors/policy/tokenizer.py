@@ -21,7 +21,7 @@ import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from t1_actors.policy.chat_template import render_chat
 from t1_actors.policy.chat_tokenizer import MARKERS, ChatTokenizer, as_chat_tokenizer, load_tokenizer
@@ -30,13 +30,27 @@ SPECIAL_TOKENS = list(MARKERS)  # the chat template's markers, ids 0.. in this o
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tokenizer.json"
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> Tokenizer:
-    """Train a byte-level BPE of ``vocab_size`` ids (special tokens and the 256 bytes included)."""
+# GPT-2's pre-tokenizer pattern (what ByteLevel's use_regex applies), with a path component first: "/lunar"
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+PATH_COMPONENT_PATTERN = r"/\p{L}+|" + GPT2_PATTERN
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, *, path_components: bool = False) -> Tokenizer:
+    """Train a byte-level BPE of ``vocab_size`` ids (special tokens and the 256 bytes included).
+
+    ``path_components``: a slash stays on the word after it (``/app/lunar/thorn.txt`` -> ``Ġ/ app /lunar
+    /thorn . txt``), so each name of a path follows a token of its own. With GPT-2's pattern every name
+    follows the same ``/``, and which one comes next must be read from further back (docs/long_horizons.md)."""
     minimum = len(SPECIAL_TOKENS) + 256
     if vocab_size < minimum:
         raise ValueError(f"vocab_size {vocab_size} is below {minimum} (special tokens + 256 byte tokens)")
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if path_components:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(PATH_COMPONENT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
