@@ -52,6 +52,9 @@ class SamplerOptions(BaseModel):
                                                       "logged) as; later versions come from the learner")
     seed: int = Field(0, description="seed of the fresh weights when policy_path is None (torch backend)")
     ready_timeout_s: float = Field(300.0, gt=0, description="how long a request waits for the backend to come up")
+    version_wait_s: float = Field(5.0, ge=0, description="how long a request that wants a newer policy version than "
+                                                         "the loaded one waits for it to load (once per version; "
+                                                         "then the loaded one serves it)")
 
 
 
@@ -66,6 +69,8 @@ class SamplerActor(Actor):
         self.backend: SamplerBackend | None = None
         self._ready = trio.Event()
         self._turns = 0
+        self._version_loaded = trio.Event()  # set (and replaced) at each load
+        self._gave_up_on = -1  # the newest wanted version a wait for timed out: not waited for again
         self._updates_in, self._updates_out = trio.open_memory_channel[PolicyUpdate](math.inf)
 
     async def run(self) -> None:
@@ -102,6 +107,8 @@ class SamplerActor(Actor):
                                   error=str(exc))
                 continue
             self.logger.info("policy_loaded", policy_version=update.version, location=update.location)
+            self._version_loaded.set()
+            self._version_loaded = trio.Event()
 
     def status(self) -> dict[str, float]:
         return {"policy_version": float(self.backend.version if self.backend else -1), "turns": float(self._turns)}
@@ -112,9 +119,26 @@ class SamplerActor(Actor):
         assert self.backend is not None
         return self.backend
 
+    async def _reach(self, backend: SamplerBackend, wanted: int | None) -> None:
+        """Wait (at most ``version_wait_s``) until the version a request wants is loaded; a version whose wait
+        timed out once (a restarted sampler asked for one it will not be sent) is not waited for again.
+
+        The controller reads a new version from the log as soon as the learner has published it, before the
+        sampler has received or loaded it: without this wait the first turns it issues right after (a
+        validation probe, the eval after RL) could be sampled by the version before."""
+        if wanted is None or backend.version >= wanted or wanted <= self._gave_up_on:
+            return
+        with trio.move_on_after(self.options.version_wait_s):
+            while backend.version < wanted:
+                await self._version_loaded.wait()
+        if backend.version < wanted and wanted > self._gave_up_on:
+            self._gave_up_on = wanted
+            self.logger.warning("wanted_version_not_loaded", wanted=wanted, policy_version=backend.version)
+
     @handles(GenerateRequest, graceful_cancel=True)
     async def generate(self, request: GenerateRequest) -> GenerateReply:
         backend = await self._backend()
+        await self._reach(backend, request.policy_version_wanted)
         request_id = f"{request.trial_id}/{request.turn}"
         params = SamplingParams(max_new_tokens=request.max_new_tokens, temperature=request.temperature,
                                 top_p=request.top_p, stop_ids=tuple(request.stop_ids), seed=request.seed)

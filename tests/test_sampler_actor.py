@@ -83,3 +83,44 @@ async def test_generate_cancel_and_policy_update_over_the_runtime(tmp_path, acto
     assert np.array_equal(first.routing, stored_routing(reply.routing))  # the log keeps each selection as a set
     np.testing.assert_array_equal(first.sampler_logprobs, reply.logprobs)
     assert turns["t-2"].finish_reason == "cancelled" and turns["t-3"].policy_version == 1
+
+
+@trio_test
+async def test_a_request_for_a_version_not_loaded_yet_waits_for_it_once(tmp_path, actor_config):
+    """The controller learns of a version from the log before the sampler is sent it: a turn that wants it is
+    served by it, not by the version before; a version that never comes delays one wait, not every turn."""
+    config = actor_config({"name": "sampler-0", "role": "sampler", "actor_class": "t1_actors.sampler:SamplerActor",
+                           "options": {"seed": 3, "version_wait_s": 1.0}}, run_id="sampler-test", model=MODEL,
+                          sampler={"batch_window_s": 0.001})
+    MoEPolicy(tiny_model_config()).save(tmp_path / "v1")
+    sha = hashlib.sha256((tmp_path / "v1" / "model.safetensors").read_bytes()).hexdigest()
+
+    def wanting(trial: str, version: int) -> GenerateRequest:
+        return _request(trial, 3).model_copy(update={"policy_version_wanted": version})
+
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_actor, SamplerActor, config, "sampler-0")
+            async with connect(config, "test") as peers:
+                sampler = peers("sampler")
+                assert (await sampler.call(wanting("t-0", 0), deadline_s=60)).policy_version == 0  # warm
+                replies = {}
+
+                async def ask(trial: str) -> None:
+                    replies[trial] = await sampler.call(wanting(trial, 1), deadline_s=60)
+
+                async with trio.open_nursery() as inner:
+                    for trial in ("t-1", "t-2", "t-3"):  # asked before the update is sent, as a probe's trials are
+                        inner.start_soon(ask, trial)
+                    await trio.sleep(0.3)
+                    await sampler.call(PolicyUpdate(version=1, location=str(tmp_path / "v1"), sha256=sha),
+                                       deadline_s=30)
+                assert {r.policy_version for r in replies.values()} == {1}
+
+                started = trio.current_time()
+                assert (await sampler.call(wanting("t-4", 2), deadline_s=60)).policy_version == 1  # never sent
+                waited = trio.current_time() - started
+                started = trio.current_time()
+                assert (await sampler.call(wanting("t-5", 2), deadline_s=60)).policy_version == 1
+                assert waited >= 1.0 and trio.current_time() - started < waited  # the second did not wait again
+            nursery.cancel_scope.cancel()
