@@ -216,7 +216,10 @@ def test_a_real_run_has_the_dynamics_in_summary_report_and_tensorboard(quick_cam
     assert [(s["step"], s["trials"]) for s in summary["per_step"]] == [(k, len(e.trials)) for k, e in sorted(steps.items())]
     for entry, turns in zip(summary["per_step"], summary["turns"]["per_step"]):
         assert sum(entry["finishes"].values()) == turns["n"] == entry["trials"]
-    assert summary["probe"] == []
+    probes = {e.label: e for _, e in log.events(kinds=["eval_result"]) if e.label.startswith("probe_s")}
+    assert probes  # the shared quick campaign probes (fixtures.campaign.QUICK)
+    assert [(p["step"], p["resolved"], p["n"]) for p in summary["probe"]] == [
+        (int(name[len("probe_s"):]), e.resolved, e.n) for name, e in sorted(probes.items(), key=lambda i: int(i[0][7:]))]
     trajectories = Dynamics.fold(log.events(kinds=DYNAMICS_KINDS)).trajectories()
     chunks: dict[str, list] = {}
     for _, chunk in log.events(kinds=["trajectory"]):
