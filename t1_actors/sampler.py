@@ -53,8 +53,8 @@ class SamplerOptions(BaseModel):
     seed: int = Field(0, description="seed of the fresh weights when policy_path is None (torch backend)")
     ready_timeout_s: float = Field(300.0, gt=0, description="how long a request waits for the backend to come up")
     version_wait_s: float = Field(5.0, ge=0, description="how long a request that wants a newer policy version than "
-                                                         "the loaded one waits for it to load (once per version; "
-                                                         "then the loaded one serves it)")
+                                                         "the loaded one waits for it to load (then the loaded one "
+                                                         "serves it, and that version is not waited for again)")
 
 
 

@@ -82,6 +82,13 @@ def probe_label(step: int) -> str:
     return f"probe_s{step}"
 
 
+def probe_step(label: str) -> int | None:
+    """The learner step of a validation probe's label (``probe_label``'s inverse); None for any other label."""
+    prefix = "probe_s"
+    step = label[len(prefix):]
+    return int(step) if label.startswith(prefix) and step.isdigit() and step.isascii() else None
+
+
 def probe_due(step: int, every: int, last_step: int | None) -> bool:
     """Whether the probe is played after learner step ``step``: ``every`` > 0, ``step`` = N, 2N, ... and not RL's
     last step (``last_step``: ``[campaign] rl_steps``; None: RL ends by its clock, no step is known to be last)."""

@@ -22,7 +22,6 @@ fold as summary.json's per-split ``finishes`` / ``truncations`` / ``context_edit
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,14 +30,13 @@ from typing import Any
 import numpy as np
 
 from schemas import EvalResult, LearnerStep, SamplerTurn, TrialEnded
-from t1_actors.eval.protocol import AT_RUN_TEMPERATURE
+from t1_actors.eval.protocol import AT_RUN_TEMPERATURE, probe_step
 from t1_actors.policy.generation import TurnPrefix
 from t1_actors.rollout.endings import ENDING_KINDS, Endings
 from t1_actors.rollout.resume import RebuildError, lineage, logged_turns
 
 DYNAMICS_KINDS = [*ENDING_KINDS, "sampler_turn", "learner_step", "eval_result"]
 BEFORE_RL, AFTER_RL = AT_RUN_TEMPERATURE["sft"], AT_RUN_TEMPERATURE["rl"]
-PROBE_LABEL = re.compile(r"probe_s(\d+)")  # probe_s{K}: the validation probe after K learner steps
 QUANTILES = {"p10": 10, "p50": 50, "p90": 90}
 
 
@@ -105,8 +103,8 @@ class Dynamics:
                 dynamics.sampler_turns[event.trial_id].append(event)
             elif isinstance(event, LearnerStep):
                 dynamics.steps[event.step] = event
-            elif isinstance(event, EvalResult) and (m := PROBE_LABEL.fullmatch(event.label)):
-                dynamics.probes[int(m.group(1))] = event
+            elif isinstance(event, EvalResult) and (step := probe_step(event.label)) is not None:
+                dynamics.probes[step] = event
         return dynamics
 
     def trajectory(self, end: TrialEnded) -> Trajectory:

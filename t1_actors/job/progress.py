@@ -5,7 +5,6 @@ every figure (a PPO step's EV, an eval's CI) where one grep finds it."""
 
 from __future__ import annotations
 
-import re
 import time
 
 import trio
@@ -14,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from schemas import EvalResult, LearnerStep, StalenessDecision, VerifierResult
 from storage import EventLog
 from storage.config import StorageConfig
+from t1_actors.eval.protocol import probe_step
 from t1_actors.job.config import CampaignConfig
 from t1_actors.job.sft import warm_start
 from t1_actors.runtime.supervisor import Supervisor
@@ -108,17 +108,14 @@ async def run_actors(config, campaign: CampaignConfig, console, hosts: set[str] 
                 await supervisor.shutdown("campaign finished")
 
 
-PROBE = re.compile(r"probe_s(\d+)")  # the validation probe during RL (t1_actors.eval.protocol.probe_label)
-
-
 def eval_line(event: EvalResult) -> str:
     """One eval pass's line: ``eval after: 9/56 resolved (...)``; a validation probe's ``probe s10: 9/56 resolved
     (..., policy v10)``."""
     figures = (f"{event.resolved}/{event.n} resolved ({event.resolved / max(event.n, 1):.1%}, "
                f"CI {event.ci_low:.1%}-{event.ci_high:.1%}), mean reward {event.mean_reward:.3f}")
-    probe = PROBE.fullmatch(event.label)
-    if probe:
-        return f"probe s{probe.group(1)}: {figures}, policy v{event.policy_version}"
+    step = probe_step(event.label)
+    if step is not None:
+        return f"probe s{step}: {figures}, policy v{event.policy_version}"
     return f"eval {event.label}: {figures}"
 
 
@@ -144,7 +141,7 @@ async def _follow(log, bar, job, step_lines) -> None:
                 say(bar.console, eval_line(event))
                 if event.last and (event.label == "after" or event.label.startswith("rl_")):
                     return
-                if not PROBE.fullmatch(event.label):  # a probe is one pause inside PPO
+                if probe_step(event.label) is None:  # a probe is one pause inside PPO
                     phase = "warm-up + PPO"
             elif event.kind == "critic_warmup":
                 say(bar.console, f"critic warm-up: EV {event.explained_variance_before:.2f} -> "

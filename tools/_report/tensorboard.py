@@ -26,7 +26,8 @@ from typing import Any
 
 from schemas import EvalResult, LearnerStep
 from storage import EventLog
-from t1_actors.job.dynamics import PROBE_LABEL, QUANTILES, Dynamics
+from t1_actors.eval.protocol import probe_step
+from t1_actors.job.dynamics import QUANTILES, Dynamics
 
 SUFFIX = ".t1-replay"  # ends the name of every event file this exporter writes (TensorBoard reads "*tfevents*")
 EXTRA = "t1[tensorboard]"
@@ -46,8 +47,8 @@ def scalars(events: list, times: dict[str, float] | None = None) -> list[tuple[s
     for event_id, event in events:
         if isinstance(event, LearnerStep):
             wall["step", event.step] = (times or {}).get(event_id, 0.0)
-        elif isinstance(event, EvalResult) and (m := PROBE_LABEL.fullmatch(event.label)):
-            wall["probe", int(m.group(1))] = (times or {}).get(event_id, 0.0)
+        elif isinstance(event, EvalResult) and (step := probe_step(event.label)) is not None:
+            wall["probe", step] = (times or {}).get(event_id, 0.0)
     out: list[tuple[str, int, float]] = []
     for key in ("turns", "tokens"):
         for point in summary[key]["per_step"]:
