@@ -156,6 +156,14 @@ def length_buckets(examples: list[Example], buckets: int) -> list[list[Example]]
     return [ranked[i: i + size] for i in range(0, len(ranked), size)]
 
 
+def open_buckets(buckets: int, progress: float, short_first: float) -> int:
+    """How many length buckets (shortest first) SFT draws from at ``progress`` (share of its budget done):
+    bucket k joins at progress k / buckets * ``short_first``; all of them from the start when ``short_first`` = 0."""
+    if short_first <= 0:
+        return buckets
+    return min(buckets, 1 + math.floor(progress / short_first * buckets))
+
+
 @dataclass
 class SFTReport:
     steps: int
@@ -171,7 +179,8 @@ class SFTReport:
 
 def supervised_finetune(model, examples: list[Example], *, seconds: float, batch_size: int, lr: float,
                         pad_id: int, seed: int = 0, anchor_every: int = 2, steps: int | None = None,
-                        buckets: int = 0, progress: Callable[[int, float], None] | None = None) -> SFTReport:
+                        buckets: int = 0, short_first: float = 0.0,
+                        progress: Callable[[int, float], None] | None = None) -> SFTReport:
     """Train ``model`` on oracle chats for ``steps`` optimiser steps (``None``: until ``seconds`` of wall
     time); ``seconds`` always bounds the run, so a step budget on a slow machine still ends. With a step
     budget two runs of one seed take the same steps and give the same policy; the learning-rate schedule
@@ -188,6 +197,11 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
     ``buckets`` > 0: every batch comes from one of ``length_buckets(examples, buckets)``, chosen at random in
     proportion to its size (fresh batches) or in turn (anchor steps: one fixed anchor batch per bucket), so a
     batch pads to about its own length. 0: batches drawn from the whole pool, as above.
+
+    ``short_first`` > 0 (with ``buckets``): the buckets join the draws shortest first, bucket k after k / buckets of
+    this share of the budget (``open_buckets``), a sequence-length warm-up (Li et al., 2022). Why: the long
+    families' 500-800-token chats, drawn from the start, kept the tiny policy from learning to copy at all
+    (teacher-forced, 0 of 24 long validation chats and 7 of 72 in all after 815 steps: docs/long_horizons.md).
     """
     if not examples:
         raise RuntimeError("SFT: no oracle example to train on (are the sandbox and the task corpus working?)")
@@ -195,6 +209,8 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
         raise ValueError(f"anchor_every must be >= 0 (0 = no anchor batch), got {anchor_every}")
     if buckets < 0:
         raise ValueError(f"buckets must be >= 0 (0 = batches from the whole pool), got {buckets}")
+    if not 0.0 <= short_first <= 1.0 or (short_first > 0 and buckets == 0):
+        raise ValueError(f"short_first must be in [0, 1] and needs buckets > 0, got {short_first} with {buckets}")
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.1)
     pools = length_buckets(examples, buckets) if buckets else [examples]
@@ -208,10 +224,11 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
         done = steps / budget_steps if budget_steps is not None else elapsed / seconds
         for group in optimizer.param_groups:
             group["lr"] = sft_learning_rate(lr, steps, done)
+        opened = open_buckets(len(pools), done, short_first)
         if anchor_every > 0 and steps % anchor_every == 0:
-            batch = anchors[(steps // anchor_every) % len(anchors)]
+            batch = anchors[(steps // anchor_every) % opened]
         else:
-            pool = pools[0] if len(pools) == 1 else rng.choices(pools, weights=[len(p) for p in pools])[0]
+            pool = pools[0] if opened == 1 else rng.choices(pools[:opened], weights=[len(p) for p in pools[:opened]])[0]
             batch = rng.sample(pool, k=min(batch_size, len(pool)))
         ids, mask, attention = pad_batch(batch, pad_id)
         loss = sft_loss(model, ids, mask, attention)
