@@ -19,6 +19,7 @@ from t1_actors.rollout.admission import StalenessConfig
 from t1_actors.schedule import CampaignConfig
 from t1_actors.stats import eval_outcomes, first_attempts, paired_change
 from t1_actors.train.ppo import PPOConfig
+from t1_actors.train.reward import REWARD_SCALE
 from t1_actors.verify.engine import VerifierConfig
 
 
@@ -96,7 +97,7 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
     ppo_cfg, staleness = config.section(PPOConfig), config.section(StalenessConfig)
     recipe = {"advantage_estimator": ppo_cfg.advantage_estimator, "group_size": staleness.group_size,
               "actor_params": list(ppo_cfg.actor_params),
-              "reward": f"P / {ppo_cfg.reward_scale}" if config.section(VerifierConfig).reward == "dense" else "1[P = N]"}
+              "reward": f"P / {REWARD_SCALE}" if config.section(VerifierConfig).reward == "dense" else "1[P = N]"}
     skill = skill_report(passes, run_temperature=config.section(SamplerConfig).temperature, recipe=recipe)
     skill["kl_rl_sft"] = report.get("kl_rl_sft") if isinstance(report, dict) else None
     dynamics = Dynamics.fold(log.events(kinds=DYNAMICS_KINDS))

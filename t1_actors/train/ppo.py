@@ -46,7 +46,6 @@ class PPOConfig(BaseModel):
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda: 1 = Monte Carlo return minus the value (no "
                                                     "bias from the critic, more variance); lower leans on the critic "
                                                     "(recipe: 1)")
-    reward_scale: int = Field(REWARD_SCALE, gt=0, description="S in r = P / S")
     actor_lr: float = Field(1.5e-4, gt=0, description="the probe found 1e-4..2e-4 helps, 5e-4 hurts")
     critic_lr: float | None = Field(None, gt=0, description="None = critic_lr_ratio * actor_lr")
     critic_lr_ratio: float = Field(30.0, gt=0, description="paper: 1.5e-5 / 1.0e-6 = 15..30x; recipe 30x")
