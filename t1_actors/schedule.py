@@ -190,7 +190,7 @@ async def play_schedule(runner: TrialRunner, controller: Controller, splits: Tas
     if campaign.warmup_trials and not await controller.events("critic_warmup"):
         # a warm-up whose trajectories are logged (one commit: all or none) is not played again, only handed over
         warm_trials = {e.trial_id for e in issued if e.split == "warmup"}
-        played = list(dict.fromkeys(e.trial_id for e in await controller.events("trajectory_assembled")
+        played = list(dict.fromkeys(e.trial_id for e in await controller.events("trajectory")
                                     if e.trial_id in warm_trials))
         log.info("phase", phase="warmup", n=campaign.warmup_trials, logged_before=len(played))
         if not played:
