@@ -44,7 +44,7 @@ from t1_actors.job.sft import (
     train_run_tokenizer,
 )
 from t1_actors.job.summary import code_version, summarise
-from t1_actors.layout import has_log, record_log_location, tokenizer_path
+from t1_actors.layout import has_log, record_log_location, tokenizer_path, weights_dir
 from t1_actors.policy import load_tokenizer
 from t1_actors.policy.config import ModelConfig
 from t1_actors.runtime.config import write_resolved
@@ -150,6 +150,8 @@ def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | N
                              code=code)
         assert state.newest is not None
         published = state.newest
+        if weights_dir(run_dir, published.version).is_dir():  # where it is now (the run directory may have moved)
+            published = published.model_copy(update={"location": str(weights_dir(run_dir, published.version))})
         for spec in config.actors_of("staleness"):  # RL's budget is for training: the down time is not taken from it
             pause_rl_clock(run_dir, spec.name, state.down_s)
         say(console, f"resume: {run_dir} goes on from its log (down {state.down_s:.0f} s; phases 1-3 done; samplers "
