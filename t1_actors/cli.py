@@ -2,6 +2,7 @@
 
     t1-actor launch --config run.toml [--host NAME]   every actor of this host, supervised
     t1-actor launch --config run.toml --seeds N       N RL seeds from one SFT policy, and their table
+    t1-actor launch --config run.toml --run-dir D --resume   go on with run D from its log after a whole-run kill
     t1-actor ablate --config run.toml --arm A: --arm B:KEY=VALUE --seeds N   arms from one SFT policy, paired
     t1-actor <role> --config run.toml [--name NAME]   one actor (a cluster runs one per process/host)
     t1-actor check --config run.toml                  validate the config and every actor's class/options
@@ -48,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--quick", action="store_true",
                         help="campaign configs: apply the [quick.*] overrides (the <= 5 min CI run)")
     launch.add_argument("--run-dir", default=None, help="where the run goes (overrides [run] dir)")
+    launch.add_argument("--resume", action="store_true",
+                        help="campaign configs: go on with the run already in the run directory from its log (after "
+                             "every process died at once); the config and --quick must be the first launch's")
     launch.add_argument("--seeds", type=int, default=None, metavar="N",
                         help="campaign configs: N RL seeds one after another from one SFT policy (RUN_DIR/seed0 "
                              "trains it), then RUN_DIR/seeds.md: how many beat SFT at its best temperature")
@@ -160,6 +164,8 @@ def _campaign(args) -> int:
     if args.base is not None and args.seeds is None:
         raise ConfigError("--base goes with --seeds N (the seeds start from that run's SFT policy); for one "
                           "run from another's SFT policy set [campaign] warm_start_from")
+    if args.resume and (args.seeds is not None or args.base is not None):
+        raise ConfigError("--resume goes on with one run (its run directory); it does not take --seeds or --base")
     if args.seeds is not None:
         from t1_actors.job.seeds import run_seeds  # noqa: PLC0415 - keeps run-task/chaos free of torch (job.seeds: 1.7 s importtime)
 
@@ -174,7 +180,8 @@ def _campaign(args) -> int:
     from t1_actors.job.main import RunLocationError  # noqa: PLC0415 - keeps run-task/chaos free of torch (job.main: 1.6 s importtime)
 
     try:
-        summary = run_campaign(config, write_report=write_report, hosts=set(args.host) if args.host else None)
+        summary = run_campaign(config, write_report=write_report, hosts=set(args.host) if args.host else None,
+                               resume=args.resume)
     except RunLocationError as error:  # the run dir or [storage] url, checked before anything ran
         raise ConfigError(str(error)) from None
     return 0 if summary.get("eval_after") is not None else 1
@@ -213,8 +220,10 @@ def _launch(args) -> int:
     if args.seeds is not None or args.base is not None:
         raise ConfigError(f"--seeds and --base need a campaign config (one with a [campaign] section); "
                           f"{args.config} has none")
-    if args.quick:
-        raise ConfigError(f"--quick needs a campaign config (one with a [campaign] section); {args.config} has none")
+    if args.quick or args.resume:
+        flag = "--quick" if args.quick else "--resume"
+        raise ConfigError(f"{flag} needs a campaign config (one with a [campaign] section); {args.config} has none"
+                          + ("" if args.quick else " (a supervised actor set resumes from its log by itself)"))
     import trio  # noqa: PLC0415 - keeps run-task free of it (0.05 s importtime)
 
     from t1_actors.job.config import load_config  # noqa: PLC0415 - keeps run-task/chaos free of torch (job.config: 1.4 s importtime)

@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from t1_actors.eval.protocol import EvalConfig, evaluate_policy, probe_due, probe_label, probe_task_ids
 from t1_actors.rollout import RolloutLimits
 from t1_actors.rollout.admission import StalenessConfig, grouped
-from t1_actors.rollout.trials import BatchStats, InFlight, TrialRunner, run_batches, run_eval, run_warmup
+from t1_actors.rollout.eval_pass import finished_eval_attempts, run_eval
+from t1_actors.rollout.trials import BatchStats, InFlight, TrialRunner, run_batches, run_warmup
 
 
 class CampaignConfig(BaseModel):
@@ -159,6 +160,19 @@ class Controller:
     pause_rl_clock: Callable[[float], None] = lambda seconds: None
 
 
+def steps_taken(published: Sequence, decisions: Sequence, batch_size: int) -> int:
+    """The learner steps a restarted controller's predecessors have taken or made certain:
+
+        steps = max(newest published version, floor(admitted trials / batch_size))
+
+    The learner trains admitted trials in admission order, ``batch_size`` a step, whatever controller admitted
+    them: a batch admitted before the kill and not yet trained is a step the learner will still take (counting
+    it again would take one step more than ``rl_steps``). A part batch's trials wait in the learner for the
+    first trials the new controller admits."""
+    admitted = sum(1 for e in decisions if e.decision == "admit")
+    return max(max((e.version for e in published), default=0), admitted // batch_size)
+
+
 async def play_schedule(runner: TrialRunner, controller: Controller, splits: TaskSplits, *, campaign: CampaignConfig,
                         staleness: StalenessConfig, eval_config: EvalConfig, run_temperature: float,
                         stats: BatchStats, resumed: Sequence[InFlight] = ()) -> None:
@@ -166,6 +180,11 @@ async def play_schedule(runner: TrialRunner, controller: Controller, splits: Tas
     train trials a dead controller left mid-trajectory, continued by the first batch (``rollout.resume``)."""
     log = controller.logger
     done = {e.label: e for e in await controller.events("eval_result")}
+    issued = await controller.events("trial_issued")
+    # the attempts of passes a dead controller left half played: each pass goes on from them
+    finished = finished_eval_attempts(
+        [*issued, *await controller.events("trial_ended"), *await controller.events("verifier_result")],
+        {task_id: task.family or "" for task_id, task in runner.tasks.items()})
 
     async def evaluate(policy: str) -> None:
         async def on_pass(name: str) -> None:
@@ -173,21 +192,29 @@ async def play_schedule(runner: TrialRunner, controller: Controller, splits: Tas
 
         best = await evaluate_policy(runner, policy, validation_ids=splits.validation, eval_ids=splits.eval,
                                      pass_k_ids=splits.pass_k, config=eval_config, run_temperature=run_temperature,
-                                     concurrency=campaign.eval_concurrency, done=done, on_pass=on_pass)
+                                     concurrency=campaign.eval_concurrency, done=done, on_pass=on_pass,
+                                     finished=finished)
         log.info("best_temperature", policy=policy, temperature=best)
 
     if eval_config.sft_passes == "run":  # else they are the warm-start run's (the summary reads them there)
         await evaluate("sft")
     if campaign.warmup_trials and not await controller.events("critic_warmup"):
-        log.info("phase", phase="warmup", n=campaign.warmup_trials)
-        warm_ids = warmup_task_ids(splits.rl, campaign.warmup_trials, campaign.seed)
-        await controller.warm_up_critic(await run_warmup(runner, warm_ids, concurrency=campaign.eval_concurrency))
+        # a warm-up whose trajectories are logged (one commit: all or none) is not played again, only handed over
+        warm_trials = {e.trial_id for e in issued if e.split == "warmup"}
+        played = list(dict.fromkeys(e.trial_id for e in await controller.events("trajectory")
+                                    if e.trial_id in warm_trials))
+        log.info("phase", phase="warmup", n=campaign.warmup_trials, logged_before=len(played))
+        if not played:
+            warm_ids = warmup_task_ids(splits.rl, campaign.warmup_trials, campaign.seed)
+            played = await run_warmup(runner, warm_ids, concurrency=campaign.eval_concurrency)
+        await controller.warm_up_critic(played)
     if not any(name == "after" or name.startswith("rl_") for name in done):  # RL not yet evaluated
         log.info("phase", phase="rl", seconds=campaign.rl_seconds)
         order = grouped(itertools.cycle(rl_task_order(splits.rl, campaign.seed)), staleness.group_size)
         end = trio.current_time() + controller.rl_seconds_left()
         # steps a restarted controller finds already taken (read from the log, not the version follower)
-        learned_before = max((e.version for e in await controller.events("weights_published")), default=0)
+        learned_before = steps_taken(await controller.events("weights_published"),
+                                     await controller.events("staleness_decision"), staleness.batch_size)
 
         def until() -> bool:  # the step budget (two runs of a seed take the same steps) or the clock
             budget = campaign.rl_steps
@@ -209,7 +236,7 @@ async def play_schedule(runner: TrialRunner, controller: Controller, splits: Tas
             ids = probe_task_ids(splits.validation, eval_config)
             log.info("phase", phase=f"probe s{step}", policy_version=step, n=len(ids))
             done[name] = await run_eval(runner, ids, label=name, concurrency=campaign.eval_concurrency,
-                                        temperature=run_temperature)
+                                        temperature=run_temperature, finished=finished.get(name))
             paused = trio.current_time() - started
             end += paused  # RL's budget is for training: the probe's time is not taken from it
             controller.pause_rl_clock(paused)
@@ -217,10 +244,10 @@ async def play_schedule(runner: TrialRunner, controller: Controller, splits: Tas
         await probe()  # a restarted controller whose predecessor died before (or while) playing one
         await run_batches(runner, lambda: next(order), staleness, until=until,
                           wait_for_learner=lambda v: controller.wait_for_version(v, until), stats=stats,
-                          resumed=resumed, between_batches=probe)
+                          resumed=resumed, between_batches=probe, first_batch=learned_before)
         # Let the learner finish the batches already admitted before the final eval.
         with trio.move_on_after(campaign.finish_timeout_s / 2):
-            await controller.wait_for_version(stats.batches, lambda: False)
+            await controller.wait_for_version(learned_before + stats.batches, lambda: False)
         log.info("phase", phase="eval_after", policy_version=controller.version(), bias=stats.bias.summary())
     else:  # RL was over: the trials left cancelled stay so (their decision is logged); their sandboxes go
         for flight in resumed:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import trio
@@ -117,6 +118,27 @@ class ActorPorts:
         return self.actor.version
 
 
+def rl_clock_path(run_dir: str | Path, name: str) -> Path:
+    """Where the staleness controller ``name`` keeps RL's clock: its start and the seconds it stood still."""
+    return checkpoints_dir(run_dir) / f"{name}.json"
+
+
+def pause_rl_clock(run_dir: str | Path, name: str, seconds: float) -> bool:
+    """Add ``seconds`` to the time RL's clock stood still (a validation probe; the time a whole campaign was
+    down before ``t1-actor launch --resume``): RL's ``rl_seconds`` are for training. False when RL has not
+    started (no clock yet: nothing to pause)."""
+    path = rl_clock_path(run_dir, name)
+    try:
+        clock = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    clock["paused_s"] = float(clock.get("paused_s", 0.0)) + seconds
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(clock))
+    partial.replace(path)
+    return True
+
+
 ABANDONED_WAIT_S = 30.0  # how long a restarted controller waits for verifications its predecessor asked for
 SANDBOX_ANSWER_WAIT_S = 60.0  # how long it asks a silent sandbox actor which sandboxes it holds
 
@@ -161,7 +183,7 @@ class StalenessActor(Actor):
     def _rl_clock(self) -> dict[str, float]:
         """RL's wall-clock budget survives a restart of this actor: its start (and the seconds its clock stood
         still, the validation probes') are kept beside the log."""
-        path = checkpoints_dir(self.ctx.run_dir) / f"{self.name}.json"
+        path = rl_clock_path(self.ctx.run_dir, self.name)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             clock = json.loads(path.read_text())
@@ -176,9 +198,8 @@ class StalenessActor(Actor):
         return max(0.0, self.campaign.rl_seconds - (time.time() - clock["rl_started_at"] - clock["paused_s"]))
 
     def _pause_rl_clock(self, seconds: float) -> None:
-        clock = self._rl_clock()
-        clock["paused_s"] += seconds
-        (checkpoints_dir(self.ctx.run_dir) / f"{self.name}.json").write_text(json.dumps(clock))
+        self._rl_clock()
+        pause_rl_clock(self.ctx.run_dir, self.name, seconds)
 
     async def _events(self, kind: str) -> list:
         return await trio.to_thread.run_sync(lambda: [e for _, e in self.reader.events(kinds=[kind])])
@@ -232,10 +253,12 @@ class StalenessActor(Actor):
                                 warm_up_critic=warm_up_critic, pause_rl_clock=self._pause_rl_clock)
         # Trials a killed predecessor left open, closed before this one issues any. Not beside the schedule:
         # a restart late in the final eval lets the last pass end (and the campaign stop) within the wait.
+        # the learner's version as the log has it now: a restarted (or relaunched) controller's first trials want
+        # it, before the version follower has read the log
+        version = self.version = max((e.version for e in await self._events("weights_published")), default=0)
         abandoned = open_trials(await self._trial_events())
         resumed: list[InFlight] = []
         if abandoned:
-            version = max((e.version for e in await self._events("weights_published")), default=0)
             if self.staleness.resume_after_restart:
                 resumed, abandoned = await resume_open_trials(
                     abandoned, runner, trial_events=self._events_of_trial, open_sandboxes=self._open_sandboxes,

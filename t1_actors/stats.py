@@ -130,18 +130,23 @@ class Attempt:
 
 
 def labelled_attempts(events: Iterable) -> dict[str, list[Attempt]]:
-    """Per eval pass (``TrialIssued.label``): its scored trials. Infrastructure failures are left out, as
-    the pass's own counts leave them out; trials of logs written before labels existed are left out too
-    (``eval_outcomes`` groups those by version)."""
-    issued: dict[str, TrialIssued] = {}
+    """Per eval pass (``TrialIssued.label``): its scored trials, one per attempt (task, sample). Infrastructure
+    failures are left out, as the pass's own counts leave them out; trials of logs written before labels existed
+    are left out too (``eval_outcomes`` groups those by version).
+
+    An attempt issued twice under one label (a pass a restarted or relaunched staleness controller played again:
+    its first trials were closed, or finished and then played again) counts once: the trial issued last, the
+    one the pass's ``EvalResult`` counted (scored or not)."""
+    issued: dict[tuple[str, str, int], TrialIssued] = {}
     results: dict[str, VerifierResult] = {}
     for event in events:
         if isinstance(event, TrialIssued) and event.split == "eval" and event.label:
-            issued[event.trial_id] = event
+            issued[(event.label, event.task_id, event.sample)] = event  # the last one issued wins
         elif isinstance(event, VerifierResult):
             results[event.trial_id] = event
     out: dict[str, list[Attempt]] = {}
-    for trial_id, trial in issued.items():
+    for trial in issued.values():
+        trial_id = trial.trial_id
         result = results.get(trial_id)
         if result is None or result.infra_error is not None:
             continue

@@ -1,7 +1,8 @@
 """`t1-actor chaos`: the fault plan, the leftover check (each able to fail), and one campaign under kill -9.
 
-The slow test runs the command on the tests' micro campaign with one SIGKILL of every role and one pause
-longer than the heartbeat timeout, then checks the report against the log it was made from.
+The slow test runs the command on the tests' micro campaign with one SIGKILL of every role, one pause longer
+than the heartbeat timeout and one kill of the whole campaign early in RL followed by ``launch --resume``
+(``--relaunch``), then checks the report against the log it was made from.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def chaos_run(tmp_path_factory):
     config = micro_config(tmp, eval={"temperatures": [0.25, 0.5, 0.7, 1.0]})  # a final eval long enough for its fault
     run_dir = tmp / "run"
     code, report = run_chaos_cli("--config", str(config), "--quick", "--kills", "1", "--pauses", "1", "--seed", "9",
-                                 "--run-dir", str(run_dir), "--only", "campaign", "--timeout-s", "1200", timeout=1500)
+                                 "--relaunch", "--run-dir", str(run_dir), "--only", "campaign", "--timeout-s", "1200",
+                                 timeout=1500)
     return code, report, run_dir
 
 
@@ -138,6 +140,11 @@ def test_the_report_matches_the_log_and_names_what_it_did_not_test(chaos_run):
     taken_over = [e for _, e in log.events(kinds=["workspace_recovered"])]
     assert report["workspaces_recovered"] == sum(e.outcome != "lost" for e in taken_over), taken_over
     assert report["events_checked"] == sum(log.counts().values())
+    # the whole campaign killed at once in RL, then relaunched with --resume: every role spawned by two supervisors
+    relaunch = report["whole_campaign_relaunch"]
+    assert relaunch["done"] and relaunch["learner_steps_before"] >= 1 and relaunch["processes_killed"] >= 7, relaunch
+    spawned = Counter(e.role for e in lifecycle if e.state == "started" and e.reason == "process spawned")
+    assert spawned == {role: 2 for role in ROLES}, spawned
     unselected = {*(key for keys in SECTION_KEYS.values() for key in keys), "positive_controls"}  # their own tests
     assert {item["key"] for item in report["not_tested"]} == set(NOT_TESTED) | unselected
     assert all(item["reason"] for item in report["not_tested"])

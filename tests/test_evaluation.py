@@ -211,3 +211,29 @@ def test_sft_passes_from_a_warm_start_are_refused_unless_the_draws_match(tmp_pat
     (previous / "config.resolved.json").write_text(json.dumps(theirs))
     with pytest.raises(ValueError, match="has no log"):
         check_warm_start_passes(previous, config)
+
+
+def test_a_pass_played_twice_is_counted_once():
+    """A relaunched (or restarted) staleness controller that played a half-finished pass again from its start:
+    the log holds the pass's attempts twice under one label. Each attempt (task, sample) counts once, the trial
+    issued last (the one the pass's EvalResult counted): pass@k, the paired change and the per-position rates are
+    those of one pass."""
+    from t1_actors.job.summary import eval_change
+    from t1_actors.stats import labelled_attempts
+
+    tasks = [f"t{i}" for i in range(4)]
+    before = _pass("before", None, {t: [i < 2] for i, t in enumerate(tasks)})
+    first = _pass("rl_passk", 1.0, {t: [True, True] for t in tasks}, samples=2)[:-1]  # its EvalResult never logged
+    first = [e.model_copy(update={"trial_id": "dead-" + e.trial_id}) for e in first]  # the dead controller's ids
+    again = _pass("rl_passk", 1.0, {t: [i < 3, False] for i, t in enumerate(tasks)}, samples=2, last=True)
+    after_first = [e.model_copy(update={"trial_id": "dead-" + e.trial_id}) for e in _pass("after", None, {"t0": [True]})
+                   if not isinstance(e, EvalResult)]
+    after = _pass("after", None, {t: [0 < i < 4] for i, t in enumerate(tasks)})
+    once = labelled_attempts(before + again + after)
+    twice = labelled_attempts(before + first + again + after_first + after)
+    assert twice == once
+    assert len(twice["rl_passk"]) == 8 and len(twice["after"]) == 4
+    assert pass_at_k_curve(twice["rl_passk"]) == pytest.approx({1: 3 / 8, 2: 3 / 4})
+    assert eval_change(_Log(before + after_first + after)) == eval_change(_Log(before + after))
+    # the order the passes were played in decides which play counts: the last one issued
+    assert pass_at_k_curve(labelled_attempts(again + first)["rl_passk"]) == {1: 1.0, 2: 1.0}

@@ -16,7 +16,7 @@ from schemas import EvalResult, StalenessDecision, TrajectoryAssembled, TrialIss
 from t1_actors.eval.protocol import EvalConfig, probe_due, probe_label, probe_task_ids
 from t1_actors.rollout.admission import StalenessConfig
 from t1_actors.rollout.trials import BatchStats
-from t1_actors.schedule import CampaignConfig, Controller, TaskSplits, play_schedule
+from t1_actors.schedule import CampaignConfig, Controller, TaskSplits, play_schedule, steps_taken
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.toml"
 BATCH = 2
@@ -42,10 +42,11 @@ class _Logger:
     warning = info
 
 
-def _play(world, *, learned_before: int = 0, logged: tuple = ()):
+def _play(world, *, learned_before: int = 0, logged: tuple = (), pending_before: int = 0):
     """The schedule (SFT passes read elsewhere, no warm-up) with 6 PPO steps of 2 trials and a probe every 2 steps
     on 3 of 5 validation tasks, against a learner that trains each full batch admitted in 0.3 s (its version: the
-    steps before plus the batches trained), and a sampler that serves the learner's newest version."""
+    steps before plus the batches trained, ``pending_before`` trials admitted before and not trained first), and a
+    sampler that serves the learner's newest version."""
     campaign = CampaignConfig(warmup_trials=0, rl_steps=6, rl_seconds=600, eval_concurrency=4)
     staleness = StalenessConfig(batch_size=BATCH, oversample=0.5, max_in_flight=4)
     eval_config = EvalConfig(temperatures=[1.0], pass_k_tasks=0, sft_passes="warm_start", probe_every=2,
@@ -71,7 +72,7 @@ def _play(world, *, learned_before: int = 0, logged: tuple = ()):
         async def learner() -> None:  # one step per full batch admitted, each taking a while
             while True:
                 admitted = sum(isinstance(e, StalenessDecision) and e.decision == "admit" for e in ports.events)
-                if learned_before + admitted // BATCH > ports.version:
+                if learned_before + (pending_before + admitted) // BATCH > ports.version:
                     await trio.sleep(0.3)
                     ports.version += 1
                 await trio.sleep(0.01)
@@ -149,6 +150,24 @@ def test_a_restarted_schedule_plays_the_missing_probe_first_and_skips_the_logged
     _check_probe(events, splits, served, 4, admitted_before=0)
     assert sum(isinstance(e, StalenessDecision) and e.decision == "admit" for e in events) == 2 * BATCH
     _nothing_of_a_probe_reaches_the_learner(events)
+
+
+def test_a_batch_admitted_before_a_restart_and_not_yet_trained_is_a_step_taken(trial_world):
+    """The controller died (alone or with the whole campaign) after steps 0-1 were published, with a third batch
+    admitted and one trial of a fourth: the learner will still train that batch, so the restarted schedule counts
+    it (steps_taken = 3), takes RL's last 3 steps (6 in all, rl_steps), not 4, and evaluates version 6."""
+    def admit(i: int) -> StalenessDecision:
+        return StalenessDecision(trial_id=f"dead-{i}", decision="admit", lag=0, policy_version=0)
+
+    logged = (SimpleNamespace(kind="weights_published", version=2), *[admit(i) for i in range(2 * BATCH + 3)])
+    assert steps_taken([logged[0]], logged[1:], BATCH) == 3 and steps_taken([logged[0]], [], BATCH) == 2
+    events, splits, served, _, _ = _play(trial_world, learned_before=2, logged=logged, pending_before=3)
+    assert sum(isinstance(e, StalenessDecision) and e.decision == "admit" for e in events) == 3 * BATCH
+    results = {e.label: e for e in events if isinstance(e, EvalResult)}
+    assert list(results) == ["probe_s4", "rl_val_T1", "after"]  # step 3 + the first new batch = step 4's probe
+    assert results["after"].policy_version == 6 and results["probe_s4"].policy_version == 4
+    train = [e.trial_id for e in events if isinstance(e, TrialIssued) and e.split == "train"]
+    assert {v for t in train for v in served.get(t, set())} <= {2, 3, 4, 5}  # batch k once the learner is at k - 1
 
 
 def _tiny_with(tmp_path, eval_lines: str, rl_steps: int = 40) -> Path:

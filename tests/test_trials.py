@@ -15,8 +15,9 @@ from t1_actors.policy.sampling import SamplingParams
 from t1_actors.policy.tokenizer import special_token_ids
 from t1_actors.rollout import RolloutLimits
 from t1_actors.rollout.admission import StalenessConfig, admit, grouped, policy_lag, trials_to_launch
+from t1_actors.rollout.eval_pass import run_eval
 from t1_actors.rollout.inprocess import InProcessPorts
-from t1_actors.rollout.trials import TrialRunner, eval_seed, play_all, run_batches, run_eval, run_warmup
+from t1_actors.rollout.trials import TrialRunner, eval_seed, play_all, run_batches, run_warmup
 from t1_actors.stats import wilson_interval
 
 
@@ -193,3 +194,36 @@ def test_a_continuation_whose_verification_fails_still_reaches_its_own_final_sta
     assert audit.trials_unaccounted == 0 and audit.trials_final_twice == 0, audit.to_json()
     assert audit.trials_verified_twice == 0 and audit.trials_verified > 0, audit.to_json()
     assert audit.final_states["failed"] >= len(lost), audit.to_json()  # its own final state: its failed verification
+
+
+def test_a_pass_left_half_played_goes_on_from_its_verified_attempts(trial_world):
+    """A staleness controller killed mid-pass (alone, or with the whole campaign) left some attempts verified and
+    one closed as abandoned: the next controller plays only the others, under the same label, and the pass's
+    EvalResult is the one the uninterrupted pass gives (seeded draws), each attempt counted once, as the log's
+    fold (labelled_attempts) counts them."""
+    from t1_actors.rollout.eval_pass import finished_eval_attempts
+    from t1_actors.rollout.recovery import ABANDONED
+    from t1_actors.stats import labelled_attempts
+
+    async def body(ports, runner, tasks):
+        ids = [t.id for t in tasks[:4]]
+        whole = await run_eval(runner, ids, label="before", concurrency=4, samples=2)
+        by_trial = {e.trial_id: e for e in ports.events if isinstance(e, TrialIssued)}
+        kept = [t for t, e in by_trial.items() if e.task_id in ids[:2]]  # verified before the kill
+        cut = next(t for t, e in by_trial.items() if e.task_id == ids[2] and e.sample == 0)  # in flight at the kill
+        dead = [e for e in ports.events if getattr(e, "trial_id", None) in kept]
+        dead += [by_trial[cut], TrialEnded(trial_id=cut, finish="abandoned", infra_error=ABANDONED)]
+        finished = finished_eval_attempts(dead, {t.id: t.family or "" for t in tasks})["before"]
+        ports.events = list(dead)
+        resumed = await run_eval(runner, ids, label="before", concurrency=4, samples=2, finished=finished)
+        return ports, whole, resumed, set(finished)
+
+    ports, whole, resumed, finished = play_in_world(trial_world, body)
+    issued = [e for e in ports.events if isinstance(e, TrialIssued)]
+    assert len(finished) == 4  # 2 tasks x 2 samples verified; the abandoned attempt is not finished
+    played_again = {(e.task_id, e.sample) for e in issued[5:]}
+    assert len(issued) == 4 + 1 + 4 and not played_again & finished  # kept, cut, then only the 4 unfinished
+    means = {"mean_reward", "mean_turns"}  # summed in another order: equal up to rounding
+    assert resumed.model_dump(exclude=means) == whole.model_dump(exclude=means)
+    assert (resumed.mean_reward, resumed.mean_turns) == pytest.approx((whole.mean_reward, whole.mean_turns))
+    assert len(labelled_attempts(ports.events)["before"]) == resumed.n == 8

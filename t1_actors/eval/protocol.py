@@ -13,7 +13,8 @@ policies, temperatures and passes):
    (``sft_passk`` / ``rl_passk``): pass@k for k = 1..n. A skill lifts the whole curve, sharpening crosses it.
 
 Each pass is one ``EvalResult`` in the log, its trials labelled with it (``TrialIssued.label``); a pass
-already in the log is not run again (a restarted staleness controller resumes the protocol). The
+already in the log is not run again (a restarted staleness controller resumes the protocol), and a pass it
+left half played goes on from the attempts already verified (``rollout.eval_pass``: each counted once). The
 statistics of the comparison live in ``t1_actors.stats``.
 
 During RL, with ``[eval] probe_every = N``, the staleness controller also plays a fixed validation probe
@@ -25,13 +26,14 @@ learner steps N, 2N, ... (not after RL's last step: the RL policy's passes above
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas import EvalResult
-from t1_actors.rollout.trials import TrialRunner, run_eval
+from t1_actors.rollout.eval_pass import EvalAttempt, run_eval
+from t1_actors.rollout.trials import TrialRunner
 
 POLICIES = ("sft", "rl")
 AT_RUN_TEMPERATURE = {"sft": "before", "rl": "after"}  # the labels summary.json has always read
@@ -123,9 +125,12 @@ def pass_k_subset(eval_tasks: Sequence, n: int) -> list[str]:
 async def evaluate_policy(runner: TrialRunner, policy: str, *, validation_ids: list[str], eval_ids: list[str],
                           pass_k_ids: list[str], config: EvalConfig, run_temperature: float, concurrency: int,
                           done: dict[str, EvalResult],
-                          on_pass: Callable[[str], Awaitable[None]] | None = None) -> float:
+                          on_pass: Callable[[str], Awaitable[None]] | None = None,
+                          finished: Mapping[str, Mapping[tuple[str, int], EvalAttempt]] | None = None) -> float:
     """Run the protocol's passes for ``policy`` ("sft" or "rl") that ``done`` (label -> logged result)
-    lacks; returns the best temperature chosen on validation (the run's when there is no validation split)."""
+    lacks; returns the best temperature chosen on validation (the run's when there is no validation split).
+    ``finished``: per label, the attempts a dead controller already played to a score (a pass it left half
+    played goes on from them: ``eval_pass.run_eval``)."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
 
@@ -135,7 +140,8 @@ async def evaluate_policy(runner: TrialRunner, policy: str, *, validation_ids: l
             if on_pass is not None:
                 await on_pass(name)
             done[name] = await run_eval(runner, task_ids, label=name, concurrency=concurrency,
-                                        temperature=temperature, samples=samples, last=last)
+                                        temperature=temperature, samples=samples, last=last,
+                                        finished=(finished or {}).get(name))
         return done[name]
 
     grid: dict[float, EvalResult] = {}

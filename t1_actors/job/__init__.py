@@ -1,6 +1,7 @@
 """The campaign job: what ``t1-actor launch`` runs, phase by phase.
 
     main      run_campaign: corpus -> tokenizer -> SFT (version 0) -> the six actors -> summary
+    resume    ``launch --resume``: a run killed whole goes on from its log (the config checked, phases 1-3 skipped)
     config    [campaign]: the phases' budgets
     rules     the rules across config sections, run by every load of a run config
     layout    where a run directory keeps its log, tokenizer, weights and checkpoints

@@ -1,6 +1,6 @@
 """The main job: a whole T1-style campaign on the embedded default, wired from the run's config.
 
-    t1-actor launch --config configs/tiny.toml [--quick] [--run-dir DIR]
+    t1-actor launch --config configs/tiny.toml [--quick] [--run-dir DIR] [--resume]
 
 1. corpus: the synthetic train/eval task sets ([tasks]), disjoint by construction; ``[tasks] rl_size``
    keeps the last train tasks for RL alone;
@@ -12,6 +12,8 @@
    on the eval split, plays warm-up trials for the critic's warm-up, runs asynchronous PPO on the RL
    tasks for ``rl_seconds``, and evaluates again;
 5. ``summary.json`` and the training-dynamics plots in the run directory.
+
+``--resume`` goes on with a run whose every process died at once, from its log (``t1_actors.job.resume``).
 
 Everything the actors do is in the run's Zarr log (RUN/log, or ``[storage] url`` on S3, checked before
 anything starts); ``t1-replay`` reads it back.
@@ -31,7 +33,8 @@ from storage.config import StorageConfig
 from t1_actors.eval.protocol import EvalConfig
 from t1_actors.job.config import CampaignConfig, load_config, parse_config
 from t1_actors.job.local_sglang import local_sglang
-from t1_actors.job.progress import run_actors, sft_with_progress
+from t1_actors.job.progress import run_actors, say, sft_with_progress
+from t1_actors.job.resume import RESOLVED, Resume, ResumeError, keep_sft_report, resume_state
 from t1_actors.job.sft import (
     check_warm_start_passes,
     check_warm_start_tasks,
@@ -41,8 +44,11 @@ from t1_actors.job.sft import (
     train_run_tokenizer,
 )
 from t1_actors.job.summary import code_version, summarise
-from t1_actors.layout import has_log, record_log_location, tokenizer_path
+from t1_actors.layout import has_log, record_log_location, tokenizer_path, weights_dir
+from t1_actors.policy import load_tokenizer
 from t1_actors.policy.config import ModelConfig
+from t1_actors.runtime.config import write_resolved
+from t1_actors.staleness import pause_rl_clock
 from t1_actors.tasks import build_task_sets
 from t1_actors.tasks.config import TasksConfig
 
@@ -57,15 +63,24 @@ def check_run_location(config) -> None:
     log under its prefix yet."""
     run_dir = Path(config.run.dir)
     if has_log(run_dir):
-        raise RunLocationError(f"{run_dir} already holds a run's log; pass --run-dir NEW_DIR (nothing was touched)")
+        raise RunLocationError(f"{run_dir} already holds a run's log; pass --run-dir NEW_DIR for a new run, or "
+                               "--resume to go on with this one (nothing was touched)")
     url = config.section(StorageConfig).url
     try:
         taken = bool(url) and log_exists(url)
     except LogError as error:
         raise RunLocationError(f"[storage] url: {error}") from None
     if taken:
-        raise RunLocationError(f"{url} already holds a run's log; give [storage] url a new prefix "
-                               "(nothing was touched)")
+        raise RunLocationError(f"{url} already holds a run's log; give [storage] url a new prefix, or pass "
+                               "--resume to go on with that run (nothing was touched)")
+
+
+def check_resumable(config) -> Resume:
+    """``--resume``: the run directory's config and state, checked before anything starts (``job.resume``)."""
+    try:
+        return resume_state(config)
+    except ResumeError as error:
+        raise RunLocationError(str(error)) from None
 
 
 def stamp() -> str:
@@ -93,33 +108,74 @@ def _jsonable(config) -> dict:
     return data
 
 
-def _with_policy(config, location: str):
-    """The config with every sampler starting from the SFT checkpoint (version 0)."""
+def _with_policy(config, location: str, version: int = 0):
+    """The config with every sampler starting from a published version: the SFT checkpoint (version 0), or the
+    newest one when a campaign is resumed."""
     actors = []
     for spec in config.actors:
         if spec.role == "sampler":
-            spec = spec.model_copy(update={"options": {**spec.options, "policy_path": location}})
+            spec = spec.model_copy(update={"options": {**spec.options, "policy_path": location,
+                                                       "initial_version": version}})
         actors.append(spec)
     data = _jsonable(config)
     data["actors"] = [a.model_dump(mode="json") for a in actors]
     return parse_config(data, "campaign")
 
 
-def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | None = None) -> dict[str, Any]:
+def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | None = None,
+                 resume: bool = False) -> dict[str, Any]:
     """Run every phase; returns the summary (also written to RUN/summary.json).
 
     ``write_report(run_dir) -> dict`` draws the plots (the CLI passes ``tools.report.write_report``; this
-    module stays below the faces that read logs)."""
+    module stays below the faces that read logs). ``resume``: go on with the run in ``[run] dir`` from its log
+    (``t1-actor launch --resume``: ``job.resume`` says what is checked and skipped)."""
     console = console or Console(stderr=True)
     campaign: CampaignConfig = config.section(CampaignConfig)
     run_dir = Path(config.run.dir)
-    check_run_location(config)
+    state = check_resumable(config) if resume else None
+    if state is None:
+        check_run_location(config)
     run_dir.mkdir(parents=True, exist_ok=True)
     record_log_location(run_dir, config.section(StorageConfig).url)
     started = time.monotonic()
     code = code_version()  # now: a commit landing while the run goes must not be credited with it
     timings: dict[str, float] = {}
 
+    if state is not None and state.prepared:
+        config = _with_vocab(config, load_tokenizer(tokenizer_path(run_dir)).vocab_size)
+        sft, timings = state.sft, {**state.timings, "down_s": state.down_s}
+        if state.finished:
+            say(console, f"resume: {run_dir} had finished (the RL policy's last eval pass is logged); summary only")
+            return summarise(run_dir, config, sft=sft, timings=timings, console=console, write_report=write_report,
+                             code=code)
+        assert state.newest is not None
+        published = state.newest
+        if weights_dir(run_dir, published.version).is_dir():  # where it is now (the run directory may have moved)
+            published = published.model_copy(update={"location": str(weights_dir(run_dir, published.version))})
+        for spec in config.actors_of("staleness"):  # RL's budget is for training: the down time is not taken from it
+            pause_rl_clock(run_dir, spec.name, state.down_s)
+        say(console, f"resume: {run_dir} goes on from its log (down {state.down_s:.0f} s; phases 1-3 done; samplers "
+                     f"start from policy version {published.version})")
+    else:
+        if state is not None:
+            say(console, f"resume: {run_dir} had not finished its SFT phase: phases 1-3 run again")
+        write_resolved(config, run_dir / RESOLVED)  # what a relaunch compares its config with
+        config, sft, published = _prepare(config, run_dir, campaign, console, timings, started)
+        keep_sft_report(run_dir, sft, timings)
+
+    run_config = _with_policy(config, published.location, published.version)
+    rl_start = time.monotonic()
+    with local_sglang(run_config, published.location, run_dir) as run_config:  # [sampler] sglang_server = "local"
+        trio.run(run_actors, run_config, campaign, console, hosts)
+    timings["actors_s"] = time.monotonic() - rl_start
+    timings["total_s"] = time.monotonic() - started
+    return summarise(run_dir, run_config, sft=sft, timings=timings, console=console, write_report=write_report,
+                     code=code)
+
+
+def _prepare(config, run_dir: Path, campaign: CampaignConfig, console, timings: dict[str, float], started: float):
+    """Phases 1-3: the corpus, the tokenizer and the SFT policy (or their reuse from ``warm_start_from``), version
+    0 published and logged. Returns the config sized to the tokenizer, the SFT report and version 0's event."""
     with console.status("[bold]1/5 task corpus[/]"):
         tasks = build_task_sets(config.section(TasksConfig))
     console.log(f"corpus: SFT on {len(tasks.sft)} tasks, RL on {len(tasks.rl)}, {len(tasks.validation)} validation "
@@ -155,13 +211,4 @@ def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | N
     with log.writer("campaign", routing_shape=(model.num_layers, model.top_k), num_experts=model.num_experts) as w:
         w.append(published)
         w.commit()
-    del policy
-
-    run_config = _with_policy(config, published.location)
-    rl_start = time.monotonic()
-    with local_sglang(run_config, published.location, run_dir) as run_config:  # [sampler] sglang_server = "local"
-        trio.run(run_actors, run_config, campaign, console, hosts)
-    timings["actors_s"] = time.monotonic() - rl_start
-    timings["total_s"] = time.monotonic() - started
-    return summarise(run_dir, run_config, sft=sft, timings=timings, console=console, write_report=write_report,
-                     code=code)
+    return config, sft, published

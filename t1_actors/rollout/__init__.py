@@ -2,6 +2,7 @@
 
     loop       the agent loop of one trial: render -> sample -> parse tool calls -> execute -> repeat
     trials     orchestration over ``TrialPorts``: eval, warm-up and RL batches; TITO assembly per trial
+    eval_pass  one eval pass and its ``EvalResult``; a pass a dead controller left half played goes on from it
     admission  the staleness rules: policy lag, admission, oversampling, the tail's length bias
     inprocess  ``TrialPorts`` over real engines in one process (``t1-probe``, ``t1-actor eval``, tests)
 

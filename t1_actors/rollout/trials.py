@@ -2,8 +2,8 @@
 
 ``TrialRunner`` drives one trial from issue to decision through ``TrialPorts`` (the sampler, sandbox
 and verifier, whatever process they live in) and appends every fact to the log. ``run_batches``,
-``run_eval`` and ``run_warmup`` are the three schedules the staleness controller runs; the admission
-rules themselves live in ``t1_actors.rollout.admission``.
+``run_eval`` (``t1_actors.rollout.eval_pass``) and ``run_warmup`` are the three schedules the staleness controller
+runs; the admission rules themselves live in ``t1_actors.rollout.admission``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -19,14 +19,13 @@ from typing import Any, Protocol
 import numpy as np
 import trio
 
-from schemas import ContextEdited, EvalResult, StalenessDecision, TrialEnded, TrialIssued, VerifierResult
+from schemas import ContextEdited, StalenessDecision, TrialEnded, TrialIssued, VerifierResult
 from t1_actors import tito
 from t1_actors.policy.chat_template import render_chat
 from t1_actors.policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
 from t1_actors.policy.generation import NO_PREFIX, TurnPrefix
 from t1_actors.rollout.admission import LengthBias, StalenessConfig, admit, policy_lag, trials_to_launch
 from t1_actors.rollout.loop import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
-from t1_actors.stats import eval_reward, wilson_interval
 
 
 class TrialPorts(Protocol):
@@ -73,6 +72,7 @@ class TrialOutcome:
     result: VerifierResult | None
     chunks: list = field(default_factory=list)
     oldest_version: int = 0
+    sample: int = 0  # which sample of its task (an eval pass's pass@k attempts)
     tito: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -172,16 +172,19 @@ async def play_once(runner: TrialRunner, task_id: str, split: str, *, assemble: 
     try:
         rollout = await runner.play(trial_id, task_id, seeded=split == "eval", sample_index=sample_index,
                                     temperature=temperature, trained=assemble)
-        return await runner.finish(trial_id, task_id, rollout, assemble=assemble)
+        outcome = await runner.finish(trial_id, task_id, rollout, assemble=assemble)
+        outcome.sample = sample_index
+        return outcome
     finally:
         with trio.CancelScope(shield=True):
             await runner.ports.close_sandbox(trial_id)
 
 
 async def play_all(runner: TrialRunner, task_ids: list[str], split: str, *, assemble: bool,
-                   concurrency: int, label: str = "", samples: int = 1,
-                   temperature: float | None = None) -> list[TrialOutcome]:
-    """``play_once`` ``samples`` times for every task, at most ``concurrency`` at a time."""
+                   concurrency: int, label: str = "", samples: int = 1, temperature: float | None = None,
+                   skip: Container[tuple[str, int]] = ()) -> list[TrialOutcome]:
+    """``play_once`` ``samples`` times for every task, at most ``concurrency`` at a time; not the (task, sample)
+    pairs in ``skip`` (played already)."""
     outcomes: list[TrialOutcome] = []
     limiter = trio.CapacityLimiter(concurrency)
 
@@ -193,40 +196,18 @@ async def play_all(runner: TrialRunner, task_ids: list[str], split: str, *, asse
     async with trio.open_nursery() as nursery:
         for sample_index in range(samples):
             for task_id in task_ids:
-                nursery.start_soon(one, task_id, sample_index)
+                if (task_id, sample_index) not in skip:
+                    nursery.start_soon(one, task_id, sample_index)
     return outcomes
-
-
-async def run_eval(runner: TrialRunner, task_ids: list[str], *, label: str, concurrency: int,
-                   temperature: float | None = None, samples: int = 1, last: bool = False) -> EvalResult:
-    """Every task ``samples`` times with the current policy at ``temperature`` (None: the run's), seeded
-    by ``eval_seed``: resolved rate (all tests pass) over the trials, mean (dense: ``eval_reward``) reward, 95 % CI."""
-    outcomes = await play_all(runner, task_ids, "eval", assemble=False, concurrency=concurrency, label=label,
-                              samples=samples, temperature=temperature)
-    versions = [t.policy_version for o in outcomes for t in o.rollout.turns]
-    scored = [o for o in outcomes if o.result is not None and o.result.infra_error is None]
-    resolved = sum(o.resolved for o in scored)
-    per_family: dict[str, list[float]] = {}
-    for o in scored:
-        per_family.setdefault(o.family, []).append(float(o.resolved))
-    low, high = wilson_interval(resolved, len(scored))
-    event = EvalResult(label=label, temperature=temperature, samples=samples, last=last,
-                       policy_version=max(versions, default=runner.ports.learner_version()),
-                       n=len(scored), resolved=resolved,
-                       mean_turns=float(np.mean([len(o.rollout.turns) for o in scored])) if scored else 0.0,
-                       mean_reward=float(np.mean([eval_reward(o.result) for o in scored])) if scored else 0.0,
-                       ci_low=low, ci_high=high,
-                       per_family={k: float(np.mean(v)) for k, v in sorted(per_family.items())})
-    await runner.ports.log(event)
-    return event
 
 
 async def run_warmup(runner: TrialRunner, task_ids: list[str], *, concurrency: int) -> list[str]:
     """Offline trajectories for the critic's warm-up: train tasks played by the SFT policy, logged, not admitted."""
     outcomes = await play_all(runner, task_ids, "warmup", assemble=True, concurrency=concurrency)
     logged = [o for o in outcomes if o.chunks]
-    for o in logged:
-        await runner.ports.log(*[tito.to_event(c, trial_id=o.trial_id, task_id=o.task_id) for c in o.chunks])
+    # one commit: a warm-up's trajectories are in the log all together or not at all (schedule: a restarted
+    # controller that finds them hands them to the critic instead of playing the warm-up again)
+    await runner.ports.log(*[tito.to_event(c, trial_id=o.trial_id, task_id=o.task_id) for o in logged for c in o.chunks])
     return [o.trial_id for o in logged]
 
 
@@ -316,7 +297,8 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
                       until: Callable[[], bool], wait_for_learner: Callable[[int], Awaitable[None]],
                       stats: BatchStats | None = None, max_batches_ahead: int = 1,
                       resumed: Sequence[InFlight] = (),
-                      between_batches: Callable[[], Awaitable[None]] | None = None) -> BatchStats:
+                      between_batches: Callable[[], Awaitable[None]] | None = None,
+                      first_batch: int = 0) -> BatchStats:
     """Asynchronous rollouts for PPO, one batch at a time.
 
     Batch n keeps ``trials_to_launch(B, oversample)`` trials going (topped up when one is dropped), admits
@@ -327,12 +309,13 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
     trials already cancelled (their decision logged) that the first batch continues the same way, e.g. those
     a killed controller left mid-trajectory, rebuilt from the log (``rollout.resume``).
     ``between_batches``: awaited after each full batch, before the next is issued (a validation probe): no
-    train trial runs meanwhile (the cut tail waits for its continuation, its sandbox kept).
+    train trial runs meanwhile (the cut tail waits for its continuation, its sandbox kept). ``first_batch``: the
+    number of the first batch (the steps a restarted controller's predecessors took: ``schedule.steps_taken``).
     """
     stats = stats or BatchStats()
     ports = runner.ports
     resumable: list[InFlight] = list(resumed)
-    number = 0
+    number = first_batch
     while not until():
         await wait_for_learner(number - max_batches_ahead)
         if until():

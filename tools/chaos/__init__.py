@@ -1,6 +1,6 @@
 """`t1-actor chaos`: a campaign under fault injection, then the audit of its log and a look for leftovers.
 
-    t1-actor chaos --config configs/tiny.toml [--quick] [--kills N] [--pauses P] [--seed S] [--run-dir RUN] [--json]
+    t1-actor chaos --config configs/tiny.toml [--quick] [--kills N] [--pauses P] [--relaunch] [--seed S] [--run-dir RUN]
     t1-actor chaos --only sandbox,tamper [--json]      (the hostile-command and tampering suites alone)
     t1-actor chaos --only log,wire [--run-dir DIR]      (the log's and the wire's faults alone)
 
@@ -16,6 +16,8 @@
 3. after the campaign: ``tools._replay.audit.audit_log`` over the log, and the orphans a run must not leave:
    a process of the run's tree, a trial root, a mount, a cgroup; what the kills cost the trials in flight
    (``_resumption.py``: resumed mid-trajectory, turns sampled again, workspaces recovered or lost);
+   With ``--relaunch``, once RL's first learner step is logged every process of the campaign is killed at once
+   (``_relaunch.py``) and ``t1-actor launch --resume`` goes on with it (``whole_campaign_relaunch``);
 4. one JSON report (stdout, and RUN/chaos.json). Every count that must be 0 comes with what was checked;
    what issue 23 asks for and this command does not measure is listed in ``not_tested`` with the reason,
    never reported as 0.
@@ -47,12 +49,13 @@ import tomli_w
 
 from t1_actors.backends.sandbox_backend import SandboxConfig
 from tools.chaos._audit_mutations import audit_mutations
-from tools.chaos._leftovers import Orphans, _alive, _start_time, _tree, find_orphans, leftovers  # _start_time: tests
+from tools.chaos._leftovers import Orphans, _start_time, _tree, find_orphans, leftovers  # _start_time: tests
+from tools.chaos._relaunch import kill_campaign
 from tools.chaos._resumption import KILLS_THAT_CUT_TRIALS, resumption_report
 from tools.chaos._sections import SECTIONS, run_sections, sections_clean
+from tools.chaos._watch import PHASES, _Watch  # _Watch: tests
 
 ROLES = ("sampler", "sandbox", "verifier", "critic", "learner", "staleness")
-PHASES = ("eval", "warm-up", "RL", "final eval")
 
 # The chaos overrides, applied over the config (and over its [quick.*] tables): resumption on, a paused actor is noticed
 # after heartbeat_timeout_s (tiny.toml's 30 s would make every pause half a minute), and the supervisor must
@@ -64,7 +67,6 @@ CHAOS_OVERRIDES: dict[str, dict[str, Any]] = {
     "staleness": {"resume_after_restart": True},  # a killed controller's train trials resume mid-trajectory
 }
 PAUSE_MARGIN_S = 4.0  # a pause lasts the heartbeat timeout plus this: the supervisor's watchdog must see it
-SETTLE_S = 2.0  # a fault hits a process that has been serving this long (past its setup, doing work)
 
 # What issue 23's report asks for and this command does not measure yet: reported, never as 0.
 NOT_TESTED: dict[str, str] = {}
@@ -124,66 +126,14 @@ def chaos_config(config: Path, out: Path, *, restart_limit: int) -> Path:
     return out
 
 
-class _Watch:
-    """What the log says now: the phase, and each role's current process (pid, and since when it serves)."""
-
-    def __init__(self, log_dir: Path):
-        self.log_dir = log_dir
-        self.cursor = None
-        self.phase = PHASES[0]
-        self.done = False  # the RL policy's last eval pass is logged: the campaign is finishing
-        self.spawned: dict[str, int] = {}  # role -> the pid the supervisor spawned last
-        self.serving: dict[int, float] = {}  # pid -> monotonic time its "serving" event was first seen
-        self.phase_started = time.monotonic()
-        self.rl_started = False
-        self.trial_ids: list[str] = []
-
-    def poll(self) -> None:
-        from storage import EventLog  # noqa: PLC0415 - keeps chaos --help free of the log (storage: 0.6 s importtime)
-
-        if self.cursor is None:
-            if not self.log_dir.exists():
-                return
-            try:
-                self.cursor = EventLog.open(self.log_dir).cursor(
-                    kinds=["actor_lifecycle", "trial_issued", "eval_result", "learner_step"])
-            except Exception:  # the campaign has not created it yet
-                return
-        for _, event in self.cursor.poll():
-            if event.kind == "actor_lifecycle":
-                # the supervisor's spawn: "started" (reason "process spawned"; the actor's own "started" says
-                # "serving") or "restarted" (any reason). Matching a restart by its reason missed every
-                # restarted process once the supervisor stopped writing one: no role could be hit twice.
-                if event.state == "restarted" or (event.state == "started" and event.reason == "process spawned"):
-                    self.spawned[event.role] = event.pid
-                elif event.state == "started" and event.reason == "serving":
-                    self.serving.setdefault(event.pid, time.monotonic())
-            elif event.kind == "trial_issued":
-                self.trial_ids.append(event.trial_id)
-                phase = {"warmup": "warm-up", "train": "RL"}.get(event.split)
-                if event.split == "train":
-                    self.rl_started = True
-                if event.split == "eval" and self.rl_started:
-                    phase = "final eval"
-                if phase is not None and PHASES.index(phase) > PHASES.index(self.phase):
-                    self.phase, self.phase_started = phase, time.monotonic()
-            elif event.kind == "learner_step":
-                self.rl_started = True
-            elif event.kind == "eval_result" and event.last and (event.label == "after"
-                                                                 or event.label.startswith("rl_")):
-                self.done = True
-
-    def live_pid(self, role: str) -> int | None:
-        """The role's current process, once it has served SETTLE_S; None while it starts or restarts."""
-        pid = self.spawned.get(role)
-        if pid is None or pid not in self.serving or time.monotonic() - self.serving[pid] < SETTLE_S:
-            return None
-        return pid if _alive(pid) else None
+RELAUNCH_SETTLE_S = 10.0  # the whole campaign is killed this long after the last fault (its restart is logged)
 
 
 def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, run_dir: Path | None,
-              timeout_s: float, say=lambda line: None) -> dict[str, Any]:
-    """Run the campaign under the seed's faults; returns the report (also written to RUN/chaos.json)."""
+              timeout_s: float, say=lambda line: None, relaunch: bool = False) -> dict[str, Any]:
+    """Run the campaign under the seed's faults; returns the report (also written to RUN/chaos.json).
+    ``relaunch``: once RL's first learner step is logged (no pause in progress, no fault in the last
+    ``RELAUNCH_SETTLE_S``), kill every process of the campaign at once and ``t1-actor launch --resume`` it."""
     from storage import EventLog  # noqa: PLC0415 - keeps chaos --help free of the log (storage: 0.6 s importtime)
     from t1_actors.job.config import load_config  # noqa: PLC0415 - keeps chaos --help free of torch (job.summary: 2.0 s importtime)
     from t1_actors.job.summary import code_version  # noqa: PLC0415 - keeps chaos --help free of torch (job.summary: 2.0 s importtime)
@@ -206,7 +156,9 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
     seen: dict[int, str] = {}
     pending = list(faults)
     paused: list[tuple[float, int]] = []  # (SIGCONT due, pid)
-    next_at = started
+    next_at = last_fault = started
+    relaunched: dict[str, Any] | None = None
+    relaunch_unix: list[float] = []
     timed_out = False
     orphans = Orphans()
     observed: dict[str, set[str]] = {"trial roots": set(), "mounts": set(), "cgroups": set()}
@@ -230,6 +182,19 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
                     _signal(pid, signal.SIGCONT)
                     paused.remove((due, pid))
                 watch.poll()
+                if (relaunch and relaunched is None and watch.learner_steps and not watch.done and not paused
+                        and now - last_fault >= RELAUNCH_SETTLE_S):  # every process at once, then --resume
+                    relaunch_unix.append(time.time())
+                    killed = kill_campaign(process.pid)
+                    seen.update(killed)
+                    process.wait()
+                    relaunched = {"at_s": round(now - started, 1), "phase": watch.phase, "processes_killed": len(killed),
+                                  "learner_steps_before": watch.learner_steps}
+                    say(f"chaos: the whole campaign killed ({len(killed)} processes) in {watch.phase} at "
+                        f"{relaunched['at_s']}s; relaunched with --resume")
+                    process = subprocess.Popen(command + ["--resume"], stdout=sink, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL)
+                    continue
                 if not pending or watch.done:
                     continue
                 fault = pending[0]
@@ -249,7 +214,7 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
                     paused.append((now + fault.pause_s, pid))
                 say(f"chaos: {fault.kind} {fault.role} pid {pid} in {watch.phase} at {fault.at_s}s")
                 pending.pop(0)
-                next_at = now
+                next_at = last_fault = now
             try:
                 process.wait(timeout=120 if timed_out else None)
             except subprocess.TimeoutExpired:
@@ -278,7 +243,7 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
     a = audit.to_json()
     mutations = audit_mutations(log.events(), run_dir)  # the audit's positive controls, on this very log
     appended = dict(log.append_times())
-    resumption = resumption_report([(appended[i], e) for i, e in log.events()], [
+    resumption = resumption_report([(appended[i], e) for i, e in log.events()], relaunch_unix + [
         started_unix + f.at_s for f in injected if f.kind == "kill" and f.role in KILLS_THAT_CUT_TRIALS])
     report: dict[str, Any] = {
         "commit": code_version(),
@@ -296,6 +261,7 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
         "campaign_rc": process.returncode, "campaign_timed_out": timed_out, "wall_s": round(wall, 1),
         "campaign_completed": (process.returncode == 0 and not timed_out and watch.done
                                and summary.get("eval_after") is not None),
+        **({"whole_campaign_relaunch": {"done": relaunched is not None, **(relaunched or {})}} if relaunch else {}),
         "events_checked": a["events_checked"],
         "trials_issued": a["trials_issued"],
         "trials_unaccounted": a["trials_unaccounted"],
@@ -319,7 +285,8 @@ def run_chaos(config: Path, *, quick: bool, kills: int, pauses: int, seed: int, 
         "orphans": len(orphans.left),
         "orphans_checked": {k: v for k, v in asdict(orphans).items() if k != "left"},
         "orphans_found": orphans.left[:20],
-        "not_tested": [{"key": k, "reason": v} for k, v in NOT_TESTED.items()],
+        "not_tested": [{"key": k, "reason": v} for k, v in NOT_TESTED.items()] + (
+            [] if relaunch else [{"key": "whole_campaign_relaunch", "reason": "not asked (--relaunch)"}]),
         "campaign_output": str(output),
     }
     (run_dir / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -346,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="draws the faults' roles, phases, order and gaps")
     parser.add_argument("--run-dir", type=Path, default=None, help="where the run goes (overrides [run] dir)")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="stop the campaign after this long")
+    parser.add_argument("--relaunch", action="store_true",
+                        help="also kill the whole campaign at once after RL's first learner step, then relaunch it "
+                             "with t1-actor launch --resume (whole_campaign_relaunch)")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON line only")
     args = parser.parse_args(argv)
     if args.kills < 0 or args.pauses < 0:
@@ -360,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     if "campaign" in selected:
         try:
             report = run_chaos(args.config, quick=args.quick, kills=args.kills, pauses=args.pauses, seed=args.seed,
-                               run_dir=args.run_dir, timeout_s=args.timeout_s, say=say)
+                               run_dir=args.run_dir, timeout_s=args.timeout_s, say=say, relaunch=args.relaunch)
         except (FileExistsError, RuntimeError) as error:
             print(f"t1-actor chaos: {error}", file=sys.stderr)
             return 2
@@ -369,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                  "versions_out_of_order", "weights_mismatched", "orphans", "workspaces_lost")
         caught = report["audit_mutations"]
         clean = (report["campaign_completed"] and all(report[k] == 0 for k in zeros) and report["events_checked"] > 0
-                 and caught["caught"] == caught["tried"] > 0)
+                 and caught["caught"] == caught["tried"] > 0
+                 and report.get("whole_campaign_relaunch", {"done": True})["done"])
         run_dir = Path(report["run_dir"])
     else:
         from t1_actors.job.summary import code_version  # noqa: PLC0415 - keeps chaos --help free of torch (job.summary: 2.0 s importtime)
