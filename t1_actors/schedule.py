@@ -66,10 +66,11 @@ class CampaignConfig(BaseModel):
     sft_length_buckets: int = Field(0, ge=0, description="> 0: each SFT batch is drawn from one of this many "
                                                          "groups of oracle chats of similar length, so it pads to "
                                                          "about its own length (0: from the whole pool)")
-    sft_short_first: float = Field(0.0, ge=0, le=1, description="> 0: SFT's length buckets join shortest first, "
-                                                                "bucket k of B after k / B of this share of SFT's "
-                                                                "steps (a sequence-length warm-up; needs "
-                                                                "sft_length_buckets > 0); 0: all from the start")
+    sft_short_first: float = Field(0.0, ge=0, le=1, description="> 0: this share of SFT's first steps draws only "
+                                                                "from the shorter half of the length buckets, the "
+                                                                "rest from all (short chats first: the policy learns "
+                                                                "to copy there; needs sft_length_buckets >= 2); 0: "
+                                                                "all from the start")
     warmup_trials: int = Field(64, ge=0, description="critic warm-up trials played by the SFT policy on distinct "
                                                      "RL tasks before RL (0: no warm-up); see [critic] "
                                                      "warmup_trajectories")
@@ -115,9 +116,10 @@ class CampaignConfig(BaseModel):
 
     @model_validator(mode="after")
     def _short_first_needs_buckets(self) -> CampaignConfig:
-        if self.sft_short_first > 0 and self.sft_length_buckets == 0:
-            raise ValueError(f"[campaign] sft_short_first = {self.sft_short_first} orders SFT's length buckets, but "
-                             "sft_length_buckets = 0; set sft_length_buckets (e.g. 4) or sft_short_first = 0")
+        if self.sft_short_first > 0 and self.sft_length_buckets < 2:
+            raise ValueError(f"[campaign] sft_short_first = {self.sft_short_first} draws from the shorter half of "
+                             f"SFT's length buckets, but sft_length_buckets = {self.sft_length_buckets}; set "
+                             "sft_length_buckets >= 2 (e.g. 4) or sft_short_first = 0")
         return self
 
     @model_validator(mode="after")

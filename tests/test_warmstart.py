@@ -117,7 +117,8 @@ def test_length_buckets_cut_batches_that_pad_less(tiny_model):
 def test_short_first_opens_the_buckets_shortest_first(tiny_model, monkeypatch):
     from t1_actors.warmstart import finetune
 
-    assert [finetune.open_buckets(4, p, 0.8) for p in (0.0, 0.19, 0.21, 0.41, 0.59, 0.61, 1.0)] == [1, 1, 2, 3, 3, 4, 4]
+    assert [finetune.open_buckets(4, p, 0.5) for p in (0.0, 0.49, 0.5, 1.0)] == [2, 2, 4, 4]
+    assert finetune.open_buckets(3, 0.1, 0.5) == 1 and finetune.open_buckets(2, 0.1, 0.5) == 1
     assert finetune.open_buckets(4, 0.0, 0.0) == 4  # off: every bucket from the start
     torch.set_num_threads(1)
     examples = [(np.ones(n, dtype=np.int64), np.ones(n, dtype=np.float32)) for n in [20] * 30 + [120] * 30]
@@ -135,8 +136,8 @@ def test_short_first_opens_the_buckets_shortest_first(tiny_model, monkeypatch):
                                      buckets=2, short_first=short_first)
         return list(widths)
 
-    early, late = batch_widths(1.0)[:6], batch_widths(1.0)[6:]
-    assert early == [20] * 6 and late[0] == 120  # the long bucket joins at half the budget (its anchor first)
+    early, late = batch_widths(0.5)[:6], batch_widths(0.5)[6:]
+    assert early == [20] * 6 and late[0] == 120  # the long half joins at half the budget (its anchor first)
     assert 120 in batch_widths(0.0)[:6]  # off: both buckets from the start (step 2's anchor is the long one)
     with pytest.raises(ValueError, match="needs buckets > 0"):
         finetune.supervised_finetune(MoEPolicy(tiny_model()), examples, seconds=1, batch_size=4, lr=1e-3, pad_id=0,
