@@ -55,6 +55,10 @@ def test_campaign_runs_all_six_actors_and_logs_every_event_type(quick_campaign):
     assert code == 0, output[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert sorted(summary["actors"]) == ["critic", "learner", "sampler", "sandbox", "staleness", "verifier"]
+    held_out = summary["sft"]["imitation"]  # the 8 validation tasks' executed oracles, teacher-forced
+    assert held_out["chats"] == 8 == sum(family["chats"] for family in held_out["families"].values())
+    assert all(family["turns"] >= 2 * family["chats"] for family in held_out["families"].values())  # command + done
+    assert 0 <= held_out["chat_accuracy"] <= held_out["turn_accuracy"] <= 1
     for label in ("eval_before", "eval_after"):
         assert summary[label]["n"] == 12 and 0 <= summary[label]["resolved"] <= 12
         assert {"resolved", "n", "mean_reward"} <= set(summary[label])

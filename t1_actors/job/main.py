@@ -205,6 +205,9 @@ def _prepare(config, run_dir: Path, campaign: CampaignConfig, console, timings: 
         console.log(f"oracle pool: {sft['distinct_examples']} executed oracle chats in {sft['oracle_pool_seconds']:.0f} s; "
                     f"SFT: {sft['steps']} steps ({sft['epochs']:.1f} epochs), loss {sft['final_loss']:.3f}, "
                     f"{sft['tokens_per_s']:.0f} tok/s")
+        held_out = sft["imitation"]
+        console.log(f"SFT imitation of {held_out['chats']} validation chats (teacher-forced, greedy): "
+                    f"{held_out['turn_accuracy']:.0%} of turns, {held_out['chat_accuracy']:.0%} of chats right")
     published = publish_initial_policy(run_dir, policy)
     log = EventLog.open(config.log_location(), create=True, config=config.section(StorageConfig))
     model = config.section(ModelConfig)

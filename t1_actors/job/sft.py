@@ -30,7 +30,15 @@ from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
 from t1_actors.tasks import TasksConfig, build_task_sets, oracle_trajectory
 from t1_actors.warmstart.chats import oracle_chat, turn_examples
-from t1_actors.warmstart.finetune import chat_corpus, execute_oracle_pool, supervised_finetune
+from t1_actors.warmstart.finetune import (
+    Example,
+    chat_corpus,
+    execute_oracle_pool,
+    oracle_messages,
+    sft_example,
+    supervised_finetune,
+)
+from t1_actors.warmstart.heldout import imitation
 
 
 def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int, *, path_components: bool = False):
@@ -47,7 +55,8 @@ def copy_run_tokenizer(run_dir: Path, source: str | Path):
 
 
 def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -> tuple[Any, dict[str, Any]]:
-    """Phase 3: execute the SFT tasks' oracles (``tasks.sft``), then SFT on them; returns the policy and a report."""
+    """Phase 3: execute the SFT tasks' oracles (``tasks.sft``), then SFT on them; returns the policy and a report,
+    with the policy's teacher-forced imitation of the validation split's executed oracles (``imitation``)."""
     campaign: CampaignConfig = config.section(CampaignConfig)
     torch.manual_seed(campaign.seed)
     torch.set_num_threads(campaign.sft_threads)
@@ -71,12 +80,22 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
             chat = oracle_chat(task.instruction, oracle_trajectory(task), outputs, campaign.tool_output_chars)
             return turn_examples(chat, tokenizer)
 
+    def examples_of_task(task) -> list[tuple[str, Example]]:  # a held-out chat, whatever its length
+        outputs = execute_oracle(task)
+        if outputs is None:
+            return []
+        examples = (examples_of(task, outputs) if examples_of is not None else
+                    [sft_example(oracle_messages(task.instruction, oracle_trajectory(task), outputs,
+                                                 campaign.tool_output_chars), tokenizer)])
+        return [(task.family or "", example) for example in examples]
+
     pool_start = time.monotonic()
     try:
         examples, failures = execute_oracle_pool(tasks.sft, execute_oracle, tokenizer,
                                                  tool_output_chars=campaign.tool_output_chars,
                                                  max_len=campaign.sft_max_len, workers=campaign.sft_oracle_workers,
                                                  progress=pool_progress, examples_of=examples_of)
+        held_out = [chat for task in tasks.validation for chat in examples_of_task(task)]
     finally:
         sandboxes.close()
     pool_seconds = time.monotonic() - pool_start
@@ -92,7 +111,8 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
                     "final_loss": report.final_loss, "seconds": round(report.seconds, 1),
                     "tokens_per_s": round(report.tokens_per_s, 1), "padding": round(report.padding, 3),
                     "oracle_failures": failures,
-                    "oracle_pool_seconds": round(pool_seconds, 1), "parameters": policy.num_parameters()}
+                    "oracle_pool_seconds": round(pool_seconds, 1), "parameters": policy.num_parameters(),
+                    "imitation": imitation(policy, held_out)}
 
 
 def reuse_warm_start(previous: Path, run_dir: Path):
