@@ -30,14 +30,7 @@ from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
 from t1_actors.tasks import TasksConfig, build_task_sets, oracle_trajectory
 from t1_actors.warmstart.chats import oracle_chat, turn_examples
-from t1_actors.warmstart.finetune import (
-    Example,
-    chat_corpus,
-    execute_oracle_pool,
-    oracle_messages,
-    sft_example,
-    supervised_finetune,
-)
+from t1_actors.warmstart.finetune import Example, chat_corpus, execute_oracle_pool, oracle_examples, supervised_finetune
 from t1_actors.warmstart.heldout import imitation
 
 
@@ -80,13 +73,10 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
             chat = oracle_chat(task.instruction, oracle_trajectory(task), outputs, campaign.tool_output_chars)
             return turn_examples(chat, tokenizer)
 
-    def examples_of_task(task) -> list[tuple[str, Example]]:  # a held-out chat, whatever its length
+    def held_out_chats(task) -> list[tuple[str, Example]]:  # a validation chat, whatever its length
         outputs = execute_oracle(task)
-        if outputs is None:
-            return []
-        examples = (examples_of(task, outputs) if examples_of is not None else
-                    [sft_example(oracle_messages(task.instruction, oracle_trajectory(task), outputs,
-                                                 campaign.tool_output_chars), tokenizer)])
+        examples = [] if outputs is None else oracle_examples(task, outputs, tokenizer, examples_of=examples_of,
+                                                               tool_output_chars=campaign.tool_output_chars)
         return [(task.family or "", example) for example in examples]
 
     pool_start = time.monotonic()
@@ -95,7 +85,7 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
                                                  tool_output_chars=campaign.tool_output_chars,
                                                  max_len=campaign.sft_max_len, workers=campaign.sft_oracle_workers,
                                                  progress=pool_progress, examples_of=examples_of)
-        held_out = [chat for task in tasks.validation for chat in examples_of_task(task)]
+        held_out = [chat for task in tasks.validation for chat in held_out_chats(task)]
     finally:
         sandboxes.close()
     pool_seconds = time.monotonic() - pool_start

@@ -82,6 +82,16 @@ def chat_corpus(tasks: Iterable, tool_output_chars: int = 240) -> list[str]:
     return texts
 
 
+def oracle_examples(task, outputs: list[str], tokenizer, *, tool_output_chars: int,
+                    examples_of: Callable[[Any, list[str]], list[Example]] | None = None) -> list[Example]:
+    """The SFT examples of one executed oracle: ``examples_of(task, outputs)``, or (None) the one ``sft_example``
+    of its chat on t1's own template."""
+    if examples_of is not None:
+        return examples_of(task, outputs)
+    messages = oracle_messages(task.instruction, oracle_trajectory(task), outputs, tool_output_chars)
+    return [sft_example(messages, tokenizer)]
+
+
 def execute_oracle_pool(tasks: list, execute_oracle: Callable[[Any], list[str] | None], tokenizer, *,
                         tool_output_chars: int, max_len: int, workers: int = 2,
                         progress: Callable[[int, int], None] | None = None,
@@ -104,9 +114,8 @@ def execute_oracle_pool(tasks: list, execute_oracle: Callable[[Any], list[str] |
             if outputs is None:
                 failures += 1
             else:
-                rendered = (examples_of(task, outputs) if examples_of is not None else
-                            [sft_example(oracle_messages(task.instruction, oracle_trajectory(task), outputs,
-                                                         tool_output_chars), tokenizer)])
+                rendered = oracle_examples(task, outputs, tokenizer, tool_output_chars=tool_output_chars,
+                                           examples_of=examples_of)
                 examples += [example for example in rendered if len(example[0]) <= max_len]
             if progress:
                 progress(done, len(tasks))
