@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from schemas import EvalResult, TrialEnded, TrialIssued, VerifierResult
-from t1_actors.rollout.trials import TrialRunner, play_all
+from t1_actors.rollout.trials import TrialRunner, play_all, resolved_by
 from t1_actors.stats import eval_reward, wilson_interval
 
 
@@ -37,8 +37,7 @@ class EvalAttempt:
 
     @property
     def resolved(self) -> bool:
-        r = self.result
-        return r is not None and r.infra_error is None and r.total > 0 and r.passed == r.total
+        return resolved_by(self.result)
 
 
 def finished_eval_attempts(events: Iterable, families: dict[str, str]) -> dict[str, dict[tuple[str, int], EvalAttempt]]:

@@ -63,6 +63,11 @@ def eval_seed(task_id: str, turn: int, sample: int = 0) -> int:
     return int.from_bytes(digest, "big") >> 2  # < 2**62, the range the torch sampler draws its own seeds from
 
 
+def resolved_by(result: VerifierResult | None) -> bool:
+    """A trial resolved its task: verified without an infrastructure error, and every one of its tests passed."""
+    return result is not None and result.infra_error is None and result.total > 0 and result.passed == result.total
+
+
 @dataclass
 class TrialOutcome:
     trial_id: str
@@ -77,8 +82,7 @@ class TrialOutcome:
 
     @property
     def resolved(self) -> bool:
-        r = self.result
-        return r is not None and r.infra_error is None and r.total > 0 and r.passed == r.total
+        return resolved_by(self.result)
 
 
 class TrialRunner:
