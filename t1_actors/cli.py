@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--resume", action="store_true",
                         help="campaign configs: go on with the run already in the run directory from its log (after "
                              "every process died at once); the config and --quick must be the first launch's")
+    launch.add_argument("--until", choices=["sft"], default=None,
+                        help="campaign configs: stop after the SFT policy is published (its imitation of the "
+                             "validation oracles in RUN/sft.json); --resume later goes on with RL")
     launch.add_argument("--seeds", type=int, default=None, metavar="N",
                         help="campaign configs: N RL seeds one after another from one SFT policy (RUN_DIR/seed0 "
                              "trains it), then RUN_DIR/seeds.md: how many beat SFT at its best temperature")
@@ -166,6 +169,8 @@ def _campaign(args) -> int:
                           "run from another's SFT policy set [campaign] warm_start_from")
     if args.resume and (args.seeds is not None or args.base is not None):
         raise ConfigError("--resume goes on with one run (its run directory); it does not take --seeds or --base")
+    if args.until is not None and args.seeds is not None:
+        raise ConfigError("--until stops one run before its RL; it does not take --seeds")
     if args.seeds is not None:
         from t1_actors.job.seeds import run_seeds  # noqa: PLC0415 - keeps run-task/chaos free of torch (job.seeds: 1.7 s importtime)
 
@@ -181,9 +186,11 @@ def _campaign(args) -> int:
 
     try:
         summary = run_campaign(config, write_report=write_report, hosts=set(args.host) if args.host else None,
-                               resume=args.resume)
+                               resume=args.resume, until=args.until)
     except RunLocationError as error:  # the run dir or [storage] url, checked before anything ran
         raise ConfigError(str(error)) from None
+    if args.until is not None:
+        return 0 if summary.get("until") == args.until else 1
     return 0 if summary.get("eval_after") is not None else 1
 
 

@@ -104,6 +104,9 @@ class CampaignConfig(BaseModel):
                                                              "the whole counts in the actors phase's deadline")
     warm_start_from: str | None = Field(None, description="a previous run's directory: reuse its tokenizer and "
                                                           "SFT policy (version 0) instead of phases 2-3")
+    oracle_pool_from: str | None = Field(None, description="a previous run's directory: reuse its executed oracles' "
+                                                           "outputs (RUN/oracle_outputs.jsonl.gz) for the tasks it "
+                                                           "had, instead of executing them again; SFT itself runs")
     tito_repairs: list[Literal["normalized", "retokenized"]] = Field(
         [], description="TITO repairs tried before a split ([] = every loss token keeps the sampler's exact "
                         "context; a repaired boundary trains later turns on a context the sampler never saw)")
@@ -120,6 +123,13 @@ class CampaignConfig(BaseModel):
             raise ValueError(f"[campaign] sft_short_first = {self.sft_short_first} draws from the shorter half of "
                              f"SFT's length buckets, but sft_length_buckets = {self.sft_length_buckets}; set "
                              "sft_length_buckets >= 2 (e.g. 4) or sft_short_first = 0")
+        return self
+
+    @model_validator(mode="after")
+    def _a_pool_only_for_an_sft(self) -> CampaignConfig:
+        if self.oracle_pool_from is not None and self.warm_start_from is not None:
+            raise ValueError(f"[campaign] oracle_pool_from = {self.oracle_pool_from!r} feeds this run's SFT, but "
+                             f"warm_start_from = {self.warm_start_from!r} skips it; unset one of them")
         return self
 
     @model_validator(mode="after")

@@ -1,6 +1,6 @@
 """The main job: a whole T1-style campaign on the embedded default, wired from the run's config.
 
-    t1-actor launch --config configs/tiny.toml [--quick] [--run-dir DIR] [--resume]
+    t1-actor launch --config configs/tiny.toml [--quick] [--run-dir DIR] [--resume] [--until sft]
 
 1. corpus: the synthetic train/eval task sets ([tasks]), disjoint by construction; ``[tasks] rl_size``
    keeps the last train tasks for RL alone;
@@ -14,6 +14,9 @@
 5. ``summary.json`` and the training-dynamics plots in the run directory.
 
 ``--resume`` goes on with a run whose every process died at once, from its log (``t1_actors.job.resume``).
+``--until sft`` stops after phase 3 (the SFT policy published, its imitation in ``RUN/sft.json``): SFT variants
+compared before any RL, each reusing one executed oracle pool (``[campaign] oracle_pool_from``); ``--resume``
+later goes on with RL from it.
 
 Everything the actors do is in the run's Zarr log (RUN/log, or ``[storage] url`` on S3, checked before
 anything starts); ``t1-replay`` reads it back.
@@ -51,6 +54,9 @@ from t1_actors.runtime.config import write_resolved
 from t1_actors.staleness import pause_rl_clock
 from t1_actors.tasks import build_task_sets
 from t1_actors.tasks.config import TasksConfig
+from t1_actors.warmstart.oracle_outputs import outputs_path
+
+UNTIL = ("sft",)  # where ``--until`` may stop a run: after phase 3
 
 
 class RunLocationError(FileExistsError):
@@ -73,6 +79,15 @@ def check_run_location(config) -> None:
     if taken:
         raise RunLocationError(f"{url} already holds a run's log; give [storage] url a new prefix, or pass "
                                "--resume to go on with that run (nothing was touched)")
+
+
+def check_oracle_pool(config) -> None:
+    """``[campaign] oracle_pool_from`` names a run that kept its executed oracles' outputs."""
+    source = config.section(CampaignConfig).oracle_pool_from
+    if source is not None and not outputs_path(source).is_file():
+        raise RunLocationError(f"[campaign] oracle_pool_from = {source!r}: no {outputs_path(source).name} there; "
+                               "point it at a run that executed its SFT pool (not one that warm-started from "
+                               "another), or unset it (nothing was touched)")
 
 
 def check_resumable(config) -> Resume:
@@ -123,8 +138,9 @@ def _with_policy(config, location: str, version: int = 0):
 
 
 def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | None = None,
-                 resume: bool = False) -> dict[str, Any]:
-    """Run every phase; returns the summary (also written to RUN/summary.json).
+                 resume: bool = False, until: str | None = None) -> dict[str, Any]:
+    """Run every phase; returns the summary (also written to RUN/summary.json). ``until = "sft"``: stop after
+    phase 3 and return ``{"until": "sft", "sft": ..., "timings_s": ...}`` (what ``RUN/sft.json`` keeps).
 
     ``write_report(run_dir) -> dict`` draws the plots (the CLI passes ``tools.report.write_report``; this
     module stays below the faces that read logs). ``resume``: go on with the run in ``[run] dir`` from its log
@@ -132,9 +148,13 @@ def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | N
     console = console or Console(stderr=True)
     campaign: CampaignConfig = config.section(CampaignConfig)
     run_dir = Path(config.run.dir)
+    if until is not None and until not in UNTIL:
+        raise ValueError(f"until = {until!r}: a run can stop after one of {UNTIL}")
     state = check_resumable(config) if resume else None
     if state is None:
         check_run_location(config)
+    if state is None or not state.prepared:
+        check_oracle_pool(config)
     run_dir.mkdir(parents=True, exist_ok=True)
     record_log_location(run_dir, config.section(StorageConfig).url)
     started = time.monotonic()
@@ -162,6 +182,10 @@ def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | N
         write_resolved(config, run_dir / RESOLVED)  # what a relaunch compares its config with
         config, sft, published = _prepare(config, run_dir, campaign, console, timings, started)
         keep_sft_report(run_dir, sft, timings)
+    if until == "sft":
+        say(console, f"--until sft: {run_dir} stops with its SFT policy (version 0; report in {run_dir}/sft.json); "
+                     "`t1-actor launch --resume` with the same config goes on with RL")
+        return {"until": "sft", "sft": sft, "timings_s": timings}
 
     run_config = _with_policy(config, published.location, published.version)
     rl_start = time.monotonic()
@@ -187,9 +211,9 @@ def _prepare(config, run_dir: Path, campaign: CampaignConfig, console, timings: 
         tokenizer, policy, sft = reuse_warm_start(Path(campaign.warm_start_from), run_dir)
         config = _with_vocab(config, tokenizer.vocab_size)
         if policy.config != config.section(ModelConfig):
+            asked = config.section(ModelConfig).model_dump()
             raise ValueError(f"[campaign] warm_start_from: the policy in {campaign.warm_start_from} has model "
-                             f"{policy.config.model_dump()}, the config asks for {config.section('model').model_dump()}; "
-                             "make [model] match it")
+                             f"{policy.config.model_dump()}, the config asks for {asked}; make [model] match it")
         console.log(f"warm start reused from {campaign.warm_start_from} (tokenizer and SFT policy version 0)")
     else:
         with console.status("[bold]2/5 tokenizer[/]"):
@@ -202,7 +226,9 @@ def _prepare(config, run_dir: Path, campaign: CampaignConfig, console, timings: 
         sft_start = time.monotonic()
         policy, sft = sft_with_progress(config, tasks, tokenizer, campaign, console)
         timings["sft_s"] = time.monotonic() - sft_start
-        console.log(f"oracle pool: {sft['distinct_examples']} executed oracle chats in {sft['oracle_pool_seconds']:.0f} s; "
+        reused = f", {sft['oracle_reused']} outputs reused" if sft.get("oracle_reused") else ""
+        console.log(f"oracle pool: {sft['distinct_examples']} executed oracle chats in {sft['oracle_pool_seconds']:.0f} s"
+                    f"{reused}; "
                     f"SFT: {sft['steps']} steps ({sft['epochs']:.1f} epochs), loss {sft['final_loss']:.3f}, "
                     f"{sft['tokens_per_s']:.0f} tok/s")
         held_out = sft["imitation"]

@@ -32,6 +32,7 @@ from t1_actors.tasks import TasksConfig, build_task_sets, oracle_trajectory
 from t1_actors.warmstart.chats import oracle_chat, turn_examples
 from t1_actors.warmstart.finetune import Example, chat_corpus, execute_oracle_pool, oracle_examples, supervised_finetune
 from t1_actors.warmstart.heldout import imitation
+from t1_actors.warmstart.oracle_outputs import OracleOutputs, read_outputs, write_outputs
 
 
 def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int, *, path_components: bool = False):
@@ -49,13 +50,20 @@ def copy_run_tokenizer(run_dir: Path, source: str | Path):
 
 def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -> tuple[Any, dict[str, Any]]:
     """Phase 3: execute the SFT tasks' oracles (``tasks.sft``), then SFT on them; returns the policy and a report,
-    with the policy's teacher-forced imitation of the validation split's executed oracles (``imitation``)."""
+    with the policy's teacher-forced imitation of the validation split's executed oracles (``imitation``).
+
+    The outputs are kept in ``RUN/oracle_outputs.jsonl.gz``; with ``[campaign] oracle_pool_from`` a previous run's
+    are used for the tasks it had (``oracle_reused`` of them), the others executed."""
     campaign: CampaignConfig = config.section(CampaignConfig)
     torch.manual_seed(campaign.seed)
     torch.set_num_threads(campaign.sft_threads)
     sandboxes = LocalSandboxBackend(config.section(SandboxConfig).local)
+    pool = OracleOutputs(read_outputs(campaign.oracle_pool_from) if campaign.oracle_pool_from else None)
 
     def execute_oracle(task) -> list[str] | None:
+        return pool.outputs(task, execute_in_sandbox)
+
+    def execute_in_sandbox(task) -> list[str] | None:
         try:
             with sandboxes.open(task, f"sft-{task.id}") as sandbox:
                 outputs = []
@@ -88,6 +96,7 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
         held_out = [chat for task in tasks.validation for chat in held_out_chats(task)]
     finally:
         sandboxes.close()
+    write_outputs(config.run.dir, pool.kept)
     pool_seconds = time.monotonic() - pool_start
     policy = MoEPolicy(config.section(ModelConfig))
     pad_id = special_token_ids(tokenizer)["<|endoftext|>"]
@@ -100,7 +109,7 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
                     "distinct_examples": report.distinct_examples, "epochs": round(report.epochs, 2),
                     "final_loss": report.final_loss, "seconds": round(report.seconds, 1),
                     "tokens_per_s": round(report.tokens_per_s, 1), "padding": round(report.padding, 3),
-                    "oracle_failures": failures,
+                    "oracle_failures": failures, "oracle_reused": pool.reused,
                     "oracle_pool_seconds": round(pool_seconds, 1), "parameters": policy.num_parameters(),
                     "imitation": imitation(policy, held_out)}
 
