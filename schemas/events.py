@@ -149,6 +149,12 @@ class VerifierResult(Event):
     duration_s: float = 0.0
     reward_kind: Literal["dense", "binary"] = "dense"  # the equation of reward: t1_actors.train.ppo.task_reward
 
+    @property
+    def resolved(self) -> bool:
+        """The trial resolved its task: verified without an infrastructure error, and every one of its tests
+        passed. The one definition every count of resolved trials uses (evals, pass@k, summaries)."""
+        return self.infra_error is None and self.total > 0 and self.passed == self.total
+
 
 @register
 class TrialEnded(Event):

@@ -113,8 +113,7 @@ def eval_outcomes(events: Iterable) -> dict[int, dict[str, Outcome]]:
         result = results.get(trial_id)
         if result is None or result.infra_error is not None:
             continue
-        resolved = result.total > 0 and result.passed == result.total
-        out.setdefault(trial.policy_version_wanted, {})[trial.task_id] = Outcome(resolved, eval_reward(result))
+        out.setdefault(trial.policy_version_wanted, {})[trial.task_id] = Outcome(result.resolved, eval_reward(result))
     return out
 
 
@@ -150,8 +149,7 @@ def labelled_attempts(events: Iterable) -> dict[str, list[Attempt]]:
         result = results.get(trial_id)
         if result is None or result.infra_error is not None:
             continue
-        resolved = result.total > 0 and result.passed == result.total
-        out.setdefault(trial.label, []).append(Attempt(trial.task_id, trial.sample, resolved, eval_reward(result),
+        out.setdefault(trial.label, []).append(Attempt(trial.task_id, trial.sample, result.resolved, eval_reward(result),
                                                        dict(result.tests)))
     return out
 

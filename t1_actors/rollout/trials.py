@@ -65,7 +65,7 @@ def eval_seed(task_id: str, turn: int, sample: int = 0) -> int:
 
 def resolved_by(result: VerifierResult | None) -> bool:
     """A trial resolved its task: verified without an infrastructure error, and every one of its tests passed."""
-    return result is not None and result.infra_error is None and result.total > 0 and result.passed == result.total
+    return result is not None and result.resolved
 
 
 @dataclass

@@ -180,8 +180,7 @@ async def play_attempt(ports: EvalPorts, policy: Policy, task, attempt: int, run
             return AttemptOutcome(finish, infra)
         verification = await ports.verify(trial_id, task.id)
         return AttemptOutcome(finish, verification.infra_error, verification.passed, verification.total,
-                              verification.infra_error is None and verification.total > 0
-                              and verification.passed == verification.total)
+                              verification.resolved)
     finally:
         with trio.CancelScope(shield=True):
             await ports.close_sandbox(trial_id)

@@ -43,7 +43,7 @@ def attempt_rows(log) -> dict[tuple[str, int], dict[str, Any]]:
         if key in rows or end is None:
             continue  # a later duplicate, or an attempt that never finished (resumed: played again)
         infra = end.infra_error or (result.infra_error if result is not None else "no verification")
-        resolved = bool(result is not None and not infra and result.total > 0 and result.passed == result.total)
+        resolved = bool(result is not None and not infra and result.resolved)
         if infra:
             failure = "infrastructure"
         elif resolved:
