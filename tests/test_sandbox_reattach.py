@@ -65,7 +65,12 @@ def test_a_killed_sandbox_process_leaves_its_workspaces_to_the_next_one(tmp_path
     assert ready.exists(), "the sandbox process did not get its trials going"
     assert child.pid is not None
     os.kill(child.pid, signal.SIGKILL)
-    child.join(10)
+    # not reaped yet: a zombie, as a killed actor is until its parent (or a late-reaping init) waits for it; a
+    # zombie owns nothing (taking it for alive once left a relaunch's every workspace lost)
+    stat = Path(f"/proc/{child.pid}/stat")
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
     backend = LocalSandboxBackend(LocalSandboxConfig(base_dir=base), sweep=False)
     try:
@@ -85,7 +90,27 @@ def test_a_killed_sandbox_process_leaves_its_workspaces_to_the_next_one(tmp_path
         assert trials == ["done", "running"]
     finally:
         backend.close()
+        child.join(10)
     assert mounts_under(tmp_path / "sandbox" / "trials") == []
+
+
+def test_a_root_whose_owner_pid_was_reused_is_stale(tmp_path):
+    """The owner file names a pid; a process started after the file was written got that pid again (here this
+    very process, started long before a file we date forward) and owns nothing: the root is swept."""
+    backend = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(tmp_path / "sandbox")), sweep=False)
+    try:
+        sandbox = backend.open(TASK, "reused")
+        owner = sandbox.directory / "owner"
+        assert backend.sweep_stale() == 0  # its owner is this process, alive
+        backend._forget(sandbox)
+        (owner).write_text(str(os.getppid()))  # a live process that started before the file...
+        assert backend.sweep_stale() == 0
+        past = time.time() - 10 * 365 * 86400  # ...and one that, by the file's date, started after it
+        os.utime(owner, (past, past))
+        assert backend.sweep_stale() == 1
+        assert not sandbox.directory.exists()
+    finally:
+        backend.close()
 
 
 def _start_actor(config) -> multiprocessing.Process:

@@ -211,9 +211,10 @@ class LocalSandboxBackend:
             try:
                 trial_root = TrialRoot.from_json(json.loads((directory / TRIAL_FILE).read_text()))
                 owner = int((directory / "owner").read_text())
+                owned_since = (directory / "owner").stat().st_mtime
             except (OSError, ValueError, KeyError):
                 continue
-            if trial_root.trial_id != trial_id or owner == os.getpid() or _alive(owner):
+            if trial_root.trial_id != trial_id or owner == os.getpid() or _alive(owner, owned_since):
                 continue
             try:
                 takeover = reattach.take_over(directory, trial_root.stack, trial_root.upper, directory / "root")
@@ -238,14 +239,15 @@ class LocalSandboxBackend:
         for directory in self.trials_dir.iterdir():
             try:
                 owner = int((directory / "owner").read_text())
+                owned_since: float | None = (directory / "owner").stat().st_mtime
             except (OSError, ValueError):  # no owner yet (being opened), or already being torn down
                 try:
                     if time.time() - directory.stat().st_mtime < 600:
                         continue
                 except OSError:
                     continue
-                owner = None
-            if owner is not None and _alive(owner):
+                owner = owned_since = None
+            if owner is not None and _alive(owner, owned_since):
                 continue
             remove_tree(directory)
             swept += 1
@@ -263,15 +265,37 @@ class LocalSandboxBackend:
             self._reaper.join()
 
 
-def _alive(pid: int) -> bool:
-    """The process exists (one we may not signal counts: it is not ours to sweep)."""
+def _alive(pid: int, since: float | None = None) -> bool:
+    """Process ``pid`` is running (one we may not signal counts: it is not ours to sweep). A zombie is not: a
+    SIGKILLed owner whose parent has not reaped it yet (or whose parent died too, left to an init that reaps
+    late) holds nothing. With ``since`` (when the owner wrote its pid, Unix seconds) a process started after it
+    is another one that got the pid again."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
         return False
-    except PermissionError:
+    except OSError:  # no /proc to read: the signal says whether it exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
         return True
+    if fields[0] in ("Z", "X"):
+        return False
+    if since is not None:
+        started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        if started > since + 2.0:  # the stat's start time has a clock tick's resolution; mtimes may be coarser
+            return False
     return True
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
 
 
 class LocalSandbox:
