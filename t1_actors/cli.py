@@ -3,6 +3,8 @@
     t1-actor launch --config run.toml [--host NAME]   every actor of this host, supervised
     t1-actor launch --config run.toml --seeds N       N RL seeds from one SFT policy, and their table
     t1-actor launch --config run.toml --run-dir D --resume   go on with run D from its log after a whole-run kill
+    t1-actor launch --config run.toml --slurm [--dry-run] [-- SBATCH_OPTIONS]   the campaign as one Slurm job
+    t1-actor launch --config run.toml --host NAME --join   host NAME's actors in a run another host's job runs
     t1-actor ablate --config run.toml --arm A: --arm B:KEY=VALUE --seeds N   arms from one SFT policy, paired
     t1-actor <role> --config run.toml [--name NAME]   one actor (a cluster runs one per process/host)
     t1-actor check --config run.toml                  validate the config and every actor's class/options
@@ -60,6 +62,13 @@ def _parser() -> argparse.ArgumentParser:
                              "trains it), then RUN_DIR/seeds.md: how many beat SFT at its best temperature")
     launch.add_argument("--base", default=None, metavar="RUN",
                         help="with --seeds: start every seed from this finished run's SFT policy and SFT passes")
+    launch.add_argument("--slurm", action="store_true",
+                        help="campaign configs: submit the campaign as one Slurm job, a node per config host ([slurm]; "
+                             "sbatch options after --: t1-actor launch --config F --slurm -- --partition=gpu)")
+    launch.add_argument("--dry-run", action="store_true", help="with --slurm: print the sbatch script, submit nothing")
+    launch.add_argument("--join", action="store_true",
+                        help="campaign configs, with one --host: wait for the supervisor of the host that runs the "
+                             "job, then run this host's actors under a supervisor of their own (a Slurm step does this)")
     ablate = sub.add_parser("ablate", help="single-axis ablations: arms that differ by a few config keys, N seeds "
                                            "each, all from one SFT policy, paired against it and each other")
     ablate.add_argument("--config", required=True, help="the campaign's TOML config (every arm's starting point)")
@@ -108,10 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         from tools.chaos import main as chaos  # noqa: PLC0415 - keeps run-task free of chaos (0.45 s importtime)
 
         return chaos(argv[1:])
+    sbatch: list[str] = []
+    if argv and argv[0] == "launch" and "--" in argv:  # launch --slurm ... -- SBATCH_OPTIONS
+        sbatch, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
     parser = _parser()
     if argv and not argv[0].startswith("-") and argv[0] not in _COMMANDS and argv[0] not in _role_table():
         _add_role(parser._subparsers._group_actions[0], argv[0])  # a role from actor_class in the config
     args = parser.parse_args(argv)
+    args.sbatch = sbatch
     if args.command is None:
         parser.print_help()
         return 0
@@ -149,8 +162,9 @@ def _check(args) -> int:
 
 def _is_campaign(path: str) -> bool:
     try:
-        return "campaign" in tomllib.loads(open(path).read())
-    except (OSError, tomllib.TOMLDecodeError):
+        text = open(path).read()
+        return "campaign" in (json.loads(text) if path.endswith(".json") else tomllib.loads(text))
+    except (OSError, ValueError):  # TOMLDecodeError and JSONDecodeError are ValueErrors
         return False  # load_config reports it properly
 
 
@@ -219,10 +233,89 @@ def _ablate(args) -> int:
     return 0
 
 
+def _slurm(args) -> int:
+    from t1_actors.job.main import (  # noqa: PLC0415 - keeps run-task/chaos free of torch (job.main: 1.6 s importtime)
+        RunLocationError,
+        check_oracle_pool,
+        check_resumable,
+        check_run_location,
+        load_campaign_config,
+    )
+    from t1_actors.job.slurm.submit import submit  # noqa: PLC0415 - only --slurm needs it
+    from t1_actors.runtime.config import ConfigError  # noqa: PLC0415 - keeps run-task free of it (0.34 s importtime)
+
+    for flag, value in (("--seeds", args.seeds), ("--base", args.base), ("--until", args.until),
+                        ("--host", args.host), ("--join", args.join or None)):
+        if value is not None:
+            raise ConfigError(f"--slurm submits one whole campaign; it does not take {flag}")
+    config = load_campaign_config(args.config, quick=args.quick, run_dir=args.run_dir)
+    _check_classes(config, config.actors)
+
+    def check_location(config) -> None:
+        try:
+            if args.resume:
+                check_resumable(config)
+            else:
+                check_run_location(config)
+                check_oracle_pool(config)
+        except RunLocationError as error:
+            raise ConfigError(str(error)) from None
+
+    return submit(config, args.config, quick=args.quick, resume=args.resume, sbatch_args=args.sbatch,
+                  dry_run=args.dry_run, check_location=check_location)
+
+
+def _join(args) -> int:
+    import trio  # noqa: PLC0415 - keeps run-task free of it (0.05 s importtime)
+
+    from t1_actors.job.config import load_config  # noqa: PLC0415 - keeps run-task/chaos free of torch (job.config: 1.4 s importtime)
+    from t1_actors.runtime.config import ConfigError  # noqa: PLC0415 - keeps run-task free of it (0.34 s importtime)
+    from t1_actors.runtime.joined import JoinedSupervisor, wait_for_supervisor  # noqa: PLC0415 - only --join needs it
+    from t1_actors.runtime.logs import configure_logging  # noqa: PLC0415 - keeps run-task free of it (0.49 s importtime)
+    from t1_actors.runtime.supervisor import SupervisorError  # noqa: PLC0415 - keeps run-task free of it (0.35 s importtime)
+
+    if not args.host or len(args.host) != 1:
+        raise ConfigError("--join runs the actors of one host: pass it with --host NAME")
+    for flag, value in (("--resume", args.resume or None), ("--seeds", args.seeds), ("--until", args.until)):
+        if value is not None:
+            raise ConfigError(f"--join starts one host's actors in a run another host's job runs; it does not take "
+                              f"{flag} (give it to that host's launch)")
+    host = args.host[0]
+    config = load_config(args.config, quick=args.quick, run_dir=args.run_dir)
+    if not any(spec.host == host for spec in config.actors):
+        raise ConfigError(f"no actor of {args.config} runs on host {host!r}")
+    key = config.hmac_key()
+    logger = configure_logging(actor=f"supervisor-{host}", role="supervisor", run_id=config.run.id)
+    try:
+        waited = trio.run(wait_for_supervisor, config, key, config.supervisor.join_timeout_s)
+        logger.info("joined", supervisor=config.supervisor_address, waited_s=round(waited, 1))
+        resolved = Path(config.run.dir) / "config.resolved.json"  # the job's supervisor wrote it before serving
+        joined = load_config(resolved)
+        _check_classes(joined, [s for s in joined.actors if s.host == host])
+        supervisor = JoinedSupervisor(joined, resolved, host=host, key=key, logger=logger)
+        trio.run(lambda: supervisor.run(handle_signals=True))
+    except SupervisorError as exc:
+        logger.error("join_failed", error=str(exc))
+        return 1
+    return 0
+
+
 def _launch(args) -> int:
+    from t1_actors.runtime.config import ConfigError  # noqa: PLC0415 - keeps run-task free of it (0.34 s importtime)
+
+    if args.sbatch and not args.slurm:
+        raise ConfigError(f"options after -- ({' '.join(args.sbatch)}) are sbatch's: they go with --slurm")
+    if args.dry_run and not args.slurm:
+        raise ConfigError("--dry-run goes with --slurm (it prints the sbatch script)")
+    if (args.slurm or args.join) and not _is_campaign(args.config):
+        raise ConfigError(f"{'--slurm' if args.slurm else '--join'} needs a campaign config (one with a [campaign] "
+                          f"section); {args.config} has none")
+    if args.slurm:
+        return _slurm(args)
+    if args.join:
+        return _join(args)
     if _is_campaign(args.config):
         return _campaign(args)
-    from t1_actors.runtime.config import ConfigError  # noqa: PLC0415 - keeps run-task free of it (0.34 s importtime)
 
     if args.seeds is not None or args.base is not None:
         raise ConfigError(f"--seeds and --base need a campaign config (one with a [campaign] section); "

@@ -68,6 +68,8 @@ class SlurmCluster:
     nodes: dict[str, str]                    # node name -> its address (NodeAddr)
     env: dict[str, str] = field(default_factory=dict)  # os.environ + SLURM_CONF: for sbatch, srun, scontrol
     munge: Path | None = None                # munged's key and socket (under /tmp: see slurm_cluster)
+    namespaces: dict[str, str | None] = field(default_factory=dict)  # node name -> its netns (None: this one)
+    daemons: list[subprocess.Popen] = field(default_factory=list)     # munged, slurmctld, then every slurmd
 
     def run(self, *argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
         done = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
@@ -102,8 +104,38 @@ class SlurmCluster:
         """The node lost now (``scontrol update State=DOWN``: what slurmctld does ~25 s after a node dies)."""
         self.run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={reason}")
 
-    def resume(self, node: str) -> None:
-        self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    def start_slurmd(self, node: str) -> None:
+        argv = ["slurmd", "-D", "-N", node, "-f", str(self.conf)]
+        ns = self.namespaces[node]
+        if ns is not None:
+            argv = ["nsenter", f"--net=/run/netns/{ns}", "--", "unshare", "--uts", "--", *argv]
+        self.daemons.append(subprocess.Popen(argv, env=self.env, stdout=(self.root / f"slurmd-{node}.out").open("a"),
+                                             stderr=subprocess.STDOUT))
+
+    def lose(self, node: str) -> list[int]:
+        """Node ``node`` lost: every process in its network namespace (its slurmd, the steps' slurmstepd, their
+        tasks and every actor they started) SIGKILLed at once, as a power cut would, then the node marked DOWN
+        (slurmctld would find it ~25 s later by itself). The pids killed."""
+        ns = self.namespaces[node]
+        assert ns is not None, "only a namespace node can be lost"
+        inode = os.stat(f"/run/netns/{ns}").st_ino
+        killed = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.readlink(entry / "ns" / "net") != f"net:[{inode}]":
+                    continue
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except OSError:
+                continue
+        self.down(node)
+        return killed
+
+    def restore(self, node: str) -> None:
+        """A lost node back: its slurmd started again; idle once it registers (ReturnToService=2)."""
+        self.start_slurmd(node)
         self.wait_idle([node])
 
     def wait_idle(self, nodes: list[str] | None = None, timeout_s: float = READY_TIMEOUT_S) -> None:
@@ -165,6 +197,7 @@ def slurm_cluster(root: Path, *, hosts=None, features: dict[str, str] | None = N
     (``n1``.. in order); ``features``: node -> its comma-separated Slurm features."""
     require_slurm()
     root.mkdir(parents=True, exist_ok=True)
+    namespaces: dict[str, str | None]
     if hosts is None:
         nodes, namespaces, controller = {"n1": "127.0.0.1"}, {"n1": None}, "127.0.0.1"
     else:
@@ -175,8 +208,8 @@ def slurm_cluster(root: Path, *, hosts=None, features: dict[str, str] | None = N
     env = {**os.environ, "SLURM_CONF": str(conf)}
     for var in [v for v in env if v.startswith("SLURM_") and v != "SLURM_CONF"]:
         env.pop(var)  # a test run inside a Slurm job must not aim this cluster's clients at its own job
-    cluster = SlurmCluster(root=root, conf=conf, nodes=nodes, env=env)
-    daemons: list[subprocess.Popen] = []
+    cluster = SlurmCluster(root=root, conf=conf, nodes=nodes, env=env, namespaces=namespaces)
+    daemons = cluster.daemons
     try:
         # munged wants every directory above its socket searchable by all (pytest's tmp_path is 0700): its own
         munge = Path(tempfile.mkdtemp(prefix="t1-munge-"))
@@ -197,12 +230,8 @@ def slurm_cluster(root: Path, *, hosts=None, features: dict[str, str] | None = N
                               cpus=os.cpu_count() or 1))
         daemons.append(subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(conf)], env=env,
                                         stdout=(root / "slurmctld.out").open("w"), stderr=subprocess.STDOUT))
-        for node, ns in namespaces.items():
-            argv = ["slurmd", "-D", "-N", node, "-f", str(conf)]
-            if ns is not None:
-                argv = ["nsenter", f"--net=/run/netns/{ns}", "--", "unshare", "--uts", "--", *argv]
-            daemons.append(subprocess.Popen(argv, env=env, stdout=(root / f"slurmd-{node}.out").open("w"),
-                                            stderr=subprocess.STDOUT))
+        for node in namespaces:
+            cluster.start_slurmd(node)
         _wait_for_controller(cluster, daemons[1])
         cluster.wait_idle()
         yield cluster

@@ -20,6 +20,7 @@ from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.backends.sandbox_backend import SandboxConfig
 from t1_actors.critic import CriticConfig
 from t1_actors.eval.protocol import EvalConfig
+from t1_actors.job.slurm.config import SlurmConfig
 from t1_actors.learner import LearnerConfig
 from t1_actors.policy.config import ModelConfig
 from t1_actors.rollout.admission import StalenessConfig
@@ -46,6 +47,7 @@ class RunConfig(RuntimeConfig):
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     campaign: CampaignConfig = Field(default_factory=CampaignConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
 
     def routing_shape(self) -> tuple[int, int, int]:
         return (self.model.num_layers, self.model.top_k, self.model.num_experts)
@@ -137,6 +139,20 @@ class RunConfig(RuntimeConfig):
             raise ValueError(f"[eval] probe_every = {every} but [campaign] rl_steps = {steps}: no probe would be "
                              f"played (none after RL's last step, the final eval's); set probe_every below {steps}, "
                              "or 0 for no probe")
+        return self
+
+    @model_validator(mode="after")
+    def _slurm_hosts_are_config_hosts(self) -> RunConfig:
+        """``[slurm.hosts.NAME]`` and ``control_host`` name hosts some actor runs on: a misspelt one would leave that
+        host on the defaults (or no host to run the job) without a word."""
+        hosts = sorted({spec.host for spec in self.actors})
+        named = [(f"[slurm.hosts.{name}]", name) for name in self.slurm.hosts]
+        if self.slurm.control_host is not None:
+            named.append((f"[slurm] control_host = {self.slurm.control_host!r}", self.slurm.control_host))
+        for key, name in named:
+            if name not in hosts:
+                raise ValueError(f"{key}: no [[actors]] entry has host = {name!r} (hosts: {', '.join(hosts)}); "
+                                 "name one of them, or give an actor that host")
         return self
 
     @model_validator(mode="after")

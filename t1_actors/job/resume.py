@@ -20,6 +20,7 @@ What a relaunch may rely on, and what this module checks before anything starts 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +35,11 @@ from t1_actors.layout import has_log, tokenizer_path, weights_dir
 RESOLVED = "config.resolved.json"
 SFT_REPORT = "sft.json"  # phase 3's report and timings, kept for a relaunch's summary
 
-# Keys that do not decide what a run computes: how its processes talk and are restarted, and what the job itself
-# fills in (the vocabulary from the run's tokenizer, a local SGLang server's URL, the policy a sampler starts from).
-OPERATIONAL = ("run.dir", "transport.", "supervisor.", "model.vocab_size", "sampler.sglang_url")
+# Keys that do not decide what a run computes: how its processes talk, are restarted and placed, and what the job
+# itself fills in (the vocabulary from the run's tokenizer, a local SGLang server's URL, the policy a sampler starts
+# from). An actor's addresses are how it is reached: a run resubmitted to Slurm gets other nodes, so other addresses.
+OPERATIONAL = ("run.dir", "transport.", "supervisor.", "slurm.", "model.vocab_size", "sampler.sglang_url")
+ACTOR_OPERATIONAL = re.compile(r"^actors\[[^\]]+\]\.(address|bulk_address)$")
 SAMPLER_SET_BY_JOB = ("policy_path", "initial_version")
 
 
@@ -77,7 +80,8 @@ def flatten(config_json: dict[str, Any]) -> dict[str, Any]:
             spec["options"] = {k: v for k, v in (spec.get("options") or {}).items() if k not in SAMPLER_SET_BY_JOB}
         walk(f"actors[{spec.get('name')}]", spec)
     return {k: v for k, v in out.items() if not any(k == o or (o.endswith(".") and k.startswith(o))
-                                                     for o in OPERATIONAL)}
+                                                     for o in OPERATIONAL)
+            and not ACTOR_OPERATIONAL.match(k)}
 
 
 def differing_keys(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:

@@ -27,6 +27,7 @@ from storage.config import StorageConfig
 from t1_actors.layout import log_location
 
 RUN_KEY_ENV = "T1_RUN_KEY"
+RUN_KEY_FILE_ENV = "T1_RUN_KEY_FILE"  # a path: the key reaches a Slurm step through a file, not its environment
 MIN_KEY_CHARS = 16
 UNIX_SOCKET_PATH_BYTES = 107  # sun_path holds 108 bytes, the last one a NUL
 QUICK_KEY = "quick"  # [quick.*] tables: overrides that --quick applies (the <= 5 min CI campaign)
@@ -95,6 +96,8 @@ class SupervisorSection(_Strict):
     restart_unresponsive: bool = Field(True, description="kill and restart a local actor whose heartbeats stop")
     shutdown_grace_s: float = Field(5.0, gt=0, description="wait after Shutdown before SIGTERM, and again before SIGKILL")
     ready_timeout_s: float = Field(60.0, gt=0, description="time an actor has to send its first heartbeat")
+    join_timeout_s: float = Field(7200.0, gt=0, description="`t1-actor launch --join`: how long a host waits for "
+                                  "the supervisor of the host that runs the job (its corpus, tokenizer and SFT first)")
 
 
 class ActorSpec(_Strict):
@@ -218,22 +221,40 @@ class RuntimeConfig(BaseModel):
         return [spec for spec in self.actors if spec.role == role]
 
     def hmac_key(self) -> bytes:
-        """The run's message key: ``[run] hmac_key``, else $T1_RUN_KEY; a ConfigError when neither is set."""
+        """The run's message key: ``[run] hmac_key``, else $T1_RUN_KEY, else the file $T1_RUN_KEY_FILE names (mode
+        0600 or stricter: a key others can read is refused); a ConfigError when none is set."""
         if self.run.hmac_key is not None:
             return self.run.hmac_key.get_secret_value().encode()
         env = os.environ.get(RUN_KEY_ENV)
+        if not env and os.environ.get(RUN_KEY_FILE_ENV):
+            env = read_key_file(Path(os.environ[RUN_KEY_FILE_ENV]))
         if env:
             if len(env) < MIN_KEY_CHARS:
                 raise ConfigError(f"${RUN_KEY_ENV} must have at least {MIN_KEY_CHARS} characters")
             return env.encode()
-        raise ConfigError(f"no message key: set [run] hmac_key or the {RUN_KEY_ENV} environment variable "
-                          "(`t1-actor launch` makes one for the actors it starts)")
+        raise ConfigError(f"no message key: set [run] hmac_key, the {RUN_KEY_ENV} environment variable or "
+                          f"{RUN_KEY_FILE_ENV} (a file of mode 0600 holding it); `t1-actor launch` makes one for the "
+                          "actors it starts")
 
     def to_jsonable(self) -> dict[str, Any]:
         """Everything except the key (for the resolved config file the launcher hands to actors)."""
         data: dict[str, Any] = self.model_dump(mode="json", exclude={"run": {"hmac_key"}})
         data["run"]["dir"] = str(self.run.dir.resolve())
         return data
+
+
+def read_key_file(path: Path) -> str:
+    """The run key held in ``path`` (surrounding whitespace dropped); a ConfigError when the file cannot be read or
+    is readable or writable by anyone but its owner."""
+    try:
+        mode = path.stat().st_mode & 0o777
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"${RUN_KEY_FILE_ENV} = {str(path)!r}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise ConfigError(f"${RUN_KEY_FILE_ENV} = {str(path)!r} has mode {mode:04o}: the run key must be readable by "
+                          f"its owner only (chmod 600 {path})")
+    return text
 
 
 _SCHEMES = ("ipc", "tcp", "tcp4", "tcp6", "inproc")

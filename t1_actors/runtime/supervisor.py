@@ -102,14 +102,12 @@ class Supervisor:
                   task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every local actor, report ready (``task_status.started(self)``), supervise until shutdown."""
         cfg = self.config
-        self._config_path = write_resolved(cfg, cfg.run.dir / "config.resolved.json")
-        self._writer = await _open_writer(cfg, "supervisor")
-        peers = Peers(cfg, "supervisor", self._sealer, self._opener, self.logger)
-        server = ControlServer("supervisor", cfg.supervisor_address, self._sealer, self._opener,
-                               max_bytes=cfg.transport.control_max_bytes, rejects=RejectLog(self.logger, "heartbeats"))
+        self._config_path = self._actor_config()
+        self._writer = await _open_writer(cfg, self.name)
+        peers = Peers(cfg, self.name, self._sealer, self._opener, self.logger)
         try:
             async with trio.open_nursery() as nursery:
-                await nursery.start(server.serve, self._on_message)
+                await self._listen(nursery, peers)
                 if handle_signals:
                     nursery.start_soon(self._signals)
                 for managed in self.actors.values():
@@ -149,6 +147,33 @@ class Supervisor:
                     await self._writer.aclose()
             self._stopped.set()
             self.logger.info("supervisor_stopped")
+
+    name = "supervisor"  # its log segment and the sender of its requests
+
+    def _actor_config(self) -> Path:
+        """The config file its actors are started with: the validated config (minus the key), written for them."""
+        return write_resolved(self.config, self.config.run.dir / "config.resolved.json")
+
+    async def _listen(self, nursery: trio.Nursery, peers: Peers) -> None:
+        """Serve the heartbeat address: every actor's heartbeats (local ones and those of other hosts)."""
+        cfg = self.config
+        server = ControlServer("supervisor", cfg.supervisor_address, self._sealer, self._opener,
+                               max_bytes=cfg.transport.control_max_bytes, rejects=RejectLog(self.logger, "heartbeats"))
+        await nursery.start(server.serve, self._on_message)
+
+    def _heard(self, managed: _Managed, status: dict[str, float]) -> bool:
+        """An actor is alive (a heartbeat, or an answered ping): its clock, status, readiness; True when it was
+        reported silent (the caller logs it ``reachable`` again)."""
+        managed.last_heartbeat = time.monotonic()
+        managed.status = dict(status)
+        again = managed.silent_reported
+        if again:
+            self.logger.info("actor_responsive_again", peer=managed.spec.name)
+            managed.silent_reported = False
+        if not managed.ready.is_set():
+            managed.ready.set()
+            self.logger.info("actor_ready", peer=managed.spec.name)
+        return again
 
     async def shutdown(self, reason: str = "shutdown requested") -> None:
         """Stop every actor cleanly and wait until ``run`` has finished."""
@@ -198,15 +223,8 @@ class Supervisor:
             managed = self.actors.get(record.actor)
             if managed is None or managed.spec.role != record.role or env.sender != record.actor:
                 return ErrorReply(error="UnknownActor", detail=f"{record.actor!r} is not a configured actor")
-            managed.last_heartbeat = time.monotonic()
-            managed.status = dict(record.status)
-            if managed.silent_reported:
-                self.logger.info("actor_responsive_again", peer=record.actor)
-                managed.silent_reported = False
+            if self._heard(managed, dict(record.status)):
                 await self._event(managed, "reachable", reason="supervisor: heartbeats again")
-            if not managed.ready.is_set():
-                managed.ready.set()
-                self.logger.info("actor_ready", peer=record.actor)
             return Ack()
         if isinstance(record, Ping):
             return Pong(actor="supervisor", payload=record.payload)
