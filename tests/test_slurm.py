@@ -243,8 +243,8 @@ def test_a_dead_step_fails_the_job_with_one_line_naming_its_host_and_node(tmp_pa
                 argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"--join" in argv and b"gpu-1" in argv:
-                return pid
+            if b"t1_actors.cli" in argv and b"--join" in argv and b"gpu-1" in argv and not argv[0].endswith(b"srun"):
+                return pid  # the step's task on gpu-1's node, not the srun that started it from the first node
         return None
 
     pid = _wait_for(joined_supervisor, 120, "gpu-1's supervisor", cluster, job, run_dir)
