@@ -330,15 +330,24 @@ class Supervisor:
         processes = [process for _, process in live]
         self.logger.info("stopping_actors", reason=reason, actors=[m.spec.name for m, _ in live])
 
-        async def ask(m: _Managed) -> None:
-            try:
-                await peers.call(m.spec.name, Shutdown(reason=reason), self.config.transport.control_deadline_s)
-            except (DeadlineExceeded, RemoteError) as exc:
-                self.logger.warning("shutdown_unanswered", peer=m.spec.name, error=str(exc))
+        async def ask(m: _Managed, process: trio.Process) -> None:
+            # An actor that exits meanwhile (SIGTERM from elsewhere too: a Slurm step cancelled) answers no more:
+            # its call is abandoned then, not waited out to the deadline.
+            async with trio.open_nursery() as call:
+                async def exited() -> None:
+                    await process.wait()
+                    call.cancel_scope.cancel()
+
+                call.start_soon(exited)
+                try:
+                    await peers.call(m.spec.name, Shutdown(reason=reason), self.config.transport.control_deadline_s)
+                except (DeadlineExceeded, RemoteError) as exc:
+                    self.logger.warning("shutdown_unanswered", peer=m.spec.name, error=str(exc))
+                call.cancel_scope.cancel()
 
         async with trio.open_nursery() as nursery:
-            for m, _ in live:
-                nursery.start_soon(ask, m)
+            for m, process in live:
+                nursery.start_soon(ask, m, process)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             if await self._all_exited(processes, grace):
                 break

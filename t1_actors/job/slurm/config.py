@@ -33,8 +33,7 @@ class SlurmHost(BaseModel):
 
 
 class SlurmConfig(BaseModel):
-    """``t1-actor launch --config F --slurm``: one Slurm job, one node per ``[[actors]] host``, one
-    ``srun --overlap -w NODE`` step per host running that host's supervisor (docs/scale.md)."""
+    """``t1-actor launch --slurm``: one Slurm job, a node and a step per ``[[actors]] host`` (docs/scale.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -4,7 +4,8 @@ Before anything is written or submitted: the config validates (``[slurm]`` inclu
 supervisor has an address of its own when the config has several hosts (the allocation decides them), the run
 directory (or ``[storage] url``) holds no run yet, or with ``--resume`` holds one this config can go on with
 (``t1_actors.job.resume``), and the cluster's ``KillWait`` leaves the supervisor its shutdown
-(``2 * shutdown_grace_s`` below it, so ``scancel`` stops every actor cleanly before Slurm's SIGKILL).
+(``control_deadline_s + 2 * shutdown_grace_s`` below it, so ``scancel`` stops every actor cleanly before Slurm's
+SIGKILL).
 
 ``--dry-run`` prints the sbatch script and touches nothing. Otherwise, in ``RUN/slurm/`` (mode 0700):
 
@@ -58,13 +59,16 @@ def kill_wait_s(env: dict[str, str]) -> float | None:
 
 
 def check_kill_wait(config, env: dict[str, str]) -> None:
+    """The supervisor's longest stop (a Shutdown call up to ``control_deadline_s``, then SIGTERM after
+    ``shutdown_grace_s``, then SIGKILL after as long again) ends before Slurm's SIGKILL at ``KillWait``."""
     wait = kill_wait_s(env)
-    grace = config.supervisor.shutdown_grace_s
-    if wait is not None and 2 * grace >= wait:
-        raise ConfigError(f"[supervisor] shutdown_grace_s = {grace:g}: the supervisor's shutdown (Shutdown, then SIGTERM "
-                          f"after {grace:g} s, then SIGKILL after {grace:g} s more) outlasts the cluster's KillWait = "
-                          f"{wait:g} s, after which Slurm kills every process of a cancelled job; lower "
-                          f"shutdown_grace_s below {wait / 2:g}")
+    grace, deadline = config.supervisor.shutdown_grace_s, config.transport.control_deadline_s
+    if wait is not None and deadline + 2 * grace >= wait:
+        raise ConfigError(f"[supervisor] shutdown_grace_s = {grace:g} and [transport] control_deadline_s = "
+                          f"{deadline:g}: the supervisor's stop (a Shutdown call of up to {deadline:g} s, then SIGTERM "
+                          f"after {grace:g} s, then SIGKILL after {grace:g} s more) can outlast the cluster's KillWait = "
+                          f"{wait:g} s, after which Slurm kills every process of a cancelled job; lower them so that "
+                          "control_deadline_s + 2 * shutdown_grace_s < KillWait")
 
 
 def run_key(slurm_dir: Path) -> str:
@@ -104,6 +108,8 @@ def submit(config, config_path: str | Path, *, quick: bool, resume: bool, sbatch
                     time=config.slurm.time, account=config.slurm.account, source=str(config_path))
     if dry_run:
         sys.stdout.write(script)
+        print(f"t1-slurm: --dry-run: nothing written or submitted; would run: sbatch --parsable "
+              f"{' '.join(sbatch_args) + ' ' if sbatch_args else ''}{slurm_dir}/submit-<time>.sbatch", file=sys.stderr)
         return 0
     slurm_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(slurm_dir, 0o700)
