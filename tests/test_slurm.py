@@ -8,7 +8,8 @@
   namespaces share one disk): the hosts placed by features (``ctl`` on the node tagged ``ctl``, the sampler's
   and the learner's hosts on the two tagged ``gpu``: a heterogeneous job), each actor listening on its node's
   address; the sampler's node lost at the first PPO step ends the job ``NODE_FAIL``; resubmitted with ``--resume``
-  on the same run directory it completes, learner steps contiguous and the audit clean;
+  on the same run directory it completes (its learner, killed on its node, restarted by that host's own
+  supervisor), learner steps contiguous and the audit clean;
 - three nodes, a host's step killed: the job fails with one line naming that host and its node.
 
 Root only (skipped otherwise; as root without Slurm's binaries it fails: CI runs it).
@@ -117,6 +118,23 @@ def _job_processes(job: str) -> list[int]:
     return found
 
 
+def _actor_pid(job: str, name: str) -> int | None:
+    """The process of actor ``name`` in job ``job`` (``t1-actor ROLE --config ... --name NAME``)."""
+    for pid in _job_processes(job):
+        try:
+            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--name" in argv and name.encode() in argv and b"t1_actors.cli" in argv:
+            return pid
+    return None
+
+
+def _lifecycle(log, writer: str, actor: str, state: str) -> bool:
+    return any(eid.startswith(f"{writer}:") and e.actor == actor and e.state == state
+               for eid, e in EventLog.open(log).events(kinds=["actor_lifecycle"]) if isinstance(e, ActorLifecycle))
+
+
 def _steps(log) -> list[int]:
     return sorted(e.step for _, e in EventLog.open(log).events(kinds=["learner_step"]) if isinstance(e, LearnerStep))
 
@@ -221,6 +239,12 @@ def test_three_nodes_place_hosts_by_features_and_a_lost_node_is_resumed_from_the
     cluster.restore(lost)
 
     resumed = _submit(cluster, config, run_dir, "--resume")
+    # a dead actor of a joined host: that host's own supervisor restarts it
+    learner = _wait_for(lambda: _actor_pid(resumed, "learner-0"), 300, "learner-0's process", cluster, resumed,
+                        run_dir)
+    os.kill(learner, signal.SIGKILL)
+    _wait_for(lambda: _lifecycle(url, "supervisor-gpu-1", "learner-0", "restarted"), 120,
+              "learner-0 restarted by gpu-1's supervisor", cluster, resumed, run_dir)
     state = cluster.wait_job(resumed, 1200)
     placement_again = json.loads((run_dir / "slurm" / f"job-{resumed}" / "placement.json").read_text())
     assert state == "COMPLETED", _outputs(run_dir, resumed)
