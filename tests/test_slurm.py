@@ -170,7 +170,7 @@ def test_a_campaign_submitted_to_one_node_is_cancelled_cleanly_and_resumed_to_th
         audit = _audit(run_dir)  # clean: the trials in flight at the cancel closed (or resumed) by the relaunch
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_after"] is not None
-    assert _steps(run_dir / "log") == [1, 2]  # contiguous across the cancel, none trained twice
+    assert _steps(run_dir / "log") == [0, 1]  # steps 0..rl_steps-1: contiguous across the cancel, none trained twice
     print(json.dumps({"slurm_one_node": {"cancel_to_no_process_s": round(gone_s, 1),
                                          "learner_steps_at_cancel": cut["learner_steps"],
                                          "trials_in_flight_at_cancel": cut["trials_unaccounted"],
@@ -252,7 +252,7 @@ def test_three_nodes_place_hosts_by_features_and_a_lost_node_is_resumed_from_the
     log = EventLog.open(url)
     events = list(log.events())
     segments = set(log.segments())
-    assert _steps(url) == [1, 2, 3]  # contiguous across the lost node, none trained twice
+    assert _steps(url) == [0, 1, 2]  # steps 0..rl_steps-1: contiguous across the lost node, none trained twice
     # each joined host's actors were started by that host's own supervisor
     started = {(eid.split(":")[0], e.actor) for eid, e in events if isinstance(e, ActorLifecycle)
                and e.state == "started"}

@@ -147,7 +147,9 @@ def render(the_plan: Plan, *, run_dir: Path, workdir: Path, python: str, job_nam
     for i, component in enumerate(the_plan.components):
         roles = ", ".join(f"{h} (the job)" if h == the_plan.control else h for h in component.hosts)
         lines.append(f"# component {i}: {roles}")
-    head = [f"--job-name={job_name}", f"--output={slurm_dir}/slurm-%j.out", "--open-mode=append"]
+    # --no-requeue: Slurm requeues a batch job whose node failed by default (JobRequeue=1), and the rerun script
+    # would start the campaign over on a run directory that has a log: a lost job is resubmitted with --resume
+    head = [f"--job-name={job_name}", f"--output={slurm_dir}/slurm-%j.out", "--open-mode=append", "--no-requeue"]
     if time:
         head.append(f"--time={time}")
     if account:
