@@ -284,14 +284,19 @@ def _teardown(cluster: SlurmCluster, daemons: list[subprocess.Popen]) -> None:
 
 def _processes_of(conf: Path) -> list[int]:
     """Processes whose environment names this cluster's slurm.conf: its daemons' children, nothing else."""
-    marker = f"SLURM_CONF={conf}".encode()
+    return processes_with_env(f"SLURM_CONF={conf}")
+
+
+def processes_with_env(entry: str) -> list[int]:
+    """Processes (this one excepted) whose environment holds ``entry`` (``NAME=VALUE``) exactly."""
+    marker = entry.encode()
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for process in Path("/proc").iterdir():
+        if not process.name.isdigit() or int(process.name) == os.getpid():
             continue
         try:
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
+            if marker in (process / "environ").read_bytes().split(b"\0"):
+                found.append(int(process.name))
         except OSError:
             continue
     return found

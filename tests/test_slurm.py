@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from _netns import namespace_hosts
-from _slurm import KILL_WAIT_S, slurm_cluster
+from _slurm import KILL_WAIT_S, processes_with_env, slurm_cluster
 from fixtures.campaign import ROOT, SMALL, micro_config_data, write_config
 
 from schemas import ActorLifecycle, LearnerStep
@@ -106,16 +106,7 @@ CONSISTENT = ("events_duplicated", "trials_final_twice", "trials_verified_twice"
 
 def _job_processes(job: str) -> list[int]:
     """Processes that carry this job's id in their environment: its steps' tasks and every actor they started."""
-    marker = f"SLURM_JOB_ID={job}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return processes_with_env(f"SLURM_JOB_ID={job}")
 
 
 def _actor_pid(job: str, name: str) -> int | None:
