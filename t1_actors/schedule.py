@@ -63,6 +63,9 @@ class CampaignConfig(BaseModel):
     sft_oracle_workers: int = Field(2, gt=0, description="sandboxes executing oracles at once before SFT")
     sft_anchor_every: int = Field(2, ge=0, description="every n-th SFT step trains on one fixed anchor batch "
                                                        "(0: never); see warmstart.supervised_finetune")
+    sft_anchor_phases: Literal["all", "short"] = Field("all", description="where the anchor steps are: 'all' of "
+                                                       "SFT, or its 'short' phase only (with sft_short_first: the "
+                                                       "mixed phase then draws every batch fresh)")
     sft_length_buckets: int = Field(0, ge=0, description="> 0: each SFT batch is drawn from one of this many "
                                                          "groups of oracle chats of similar length, so it pads to "
                                                          "about its own length (0: from the whole pool)")
@@ -123,6 +126,14 @@ class CampaignConfig(BaseModel):
             raise ValueError(f"[campaign] sft_short_first = {self.sft_short_first} draws from the shorter half of "
                              f"SFT's length buckets, but sft_length_buckets = {self.sft_length_buckets}; set "
                              "sft_length_buckets >= 2 (e.g. 4) or sft_short_first = 0")
+        return self
+
+    @model_validator(mode="after")
+    def _short_anchors_need_a_short_phase(self) -> CampaignConfig:
+        if self.sft_anchor_phases == "short" and self.sft_short_first == 0:
+            raise ValueError("[campaign] sft_anchor_phases = 'short' keeps the anchor steps to the short phase, but "
+                             "sft_short_first = 0 (no short phase); set sft_short_first > 0 or sft_anchor_phases = "
+                             "'all'")
         return self
 
     @model_validator(mode="after")

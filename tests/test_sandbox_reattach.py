@@ -20,7 +20,7 @@ from _trio import trio_test
 from schemas import ExecRequest, SandboxClose, SandboxExec, SandboxOpen, TrialIssued, WorkspaceRecovered
 from storage import EventLog
 from t1_actors.backends._sandbox import cgroups
-from t1_actors.backends._sandbox.layers import mounts_under
+from t1_actors.backends._sandbox.layers import mounts_under, remove_tree
 from t1_actors.backends.local_sandbox import LocalSandboxBackend, LocalSandboxConfig, SandboxInfraError
 from t1_actors.runtime.host import run_actor_process
 from t1_actors.runtime.peers import connect
@@ -98,6 +98,7 @@ def test_a_root_whose_owner_pid_was_reused_is_stale(tmp_path):
     """The owner file names a pid; a process started after the file was written got that pid again (here this
     very process, started long before a file we date forward) and owns nothing: the root is swept."""
     backend = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(tmp_path / "sandbox")), sweep=False)
+    sandbox = None
     try:
         sandbox = backend.open(TASK, "reused")
         owner = sandbox.directory / "owner"
@@ -111,6 +112,8 @@ def test_a_root_whose_owner_pid_was_reused_is_stale(tmp_path):
         assert not sandbox.directory.exists()
     finally:
         backend.close()
+        if sandbox is not None and sandbox.directory.exists():  # not swept (the test failed): its mounts must not outlive it
+            remove_tree(sandbox.directory)
 
 
 def _start_actor(config) -> multiprocessing.Process:

@@ -144,6 +144,37 @@ def test_short_first_opens_the_buckets_shortest_first(tiny_model, monkeypatch):
                                      short_first=0.5)
 
 
+def test_anchor_steps_in_the_short_phase_only_leave_the_mixed_phase_fresh(tiny_model, monkeypatch):
+    from t1_actors.warmstart import finetune
+
+    torch.set_num_threads(1)
+    # each example its own token, so a batch is known by its ids
+    examples = [(np.full(n, 1 + k, dtype=np.int64), np.ones(n, dtype=np.float32))
+                for k, n in enumerate([20] * 30 + [120] * 30)]
+    batches: list[frozenset[int]] = []
+    real_loss = finetune.sft_loss
+    monkeypatch.setattr(finetune, "sft_loss", lambda model, ids, *rest: batches.append(
+        frozenset(ids[:, 0].tolist())) or real_loss(model, ids, *rest))
+
+    def steps_of(anchor_phases: str) -> list[frozenset[int]]:
+        batches.clear()
+        model = MoEPolicy(tiny_model(vocab_size=64, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1,
+                                     head_dim=16, num_experts=2, top_k=1))
+        finetune.supervised_finetune(model, examples, seconds=60, steps=12, batch_size=8, lr=1e-3, pad_id=0,
+                                     buckets=2, short_first=0.5, anchor_every=2, anchor_phases=anchor_phases)
+        return list(batches)
+
+    everywhere, short_only = steps_of("all"), steps_of("short")
+    # the short phase (steps 0-5): the short bucket's anchor at steps 0, 2, 4 either way
+    assert everywhere[0] == everywhere[2] == everywhere[4] and short_only[0] == short_only[2] == short_only[4]
+    # the mixed phase: "all" trains the long anchor at steps 6 and 10; "short" draws both fresh
+    assert everywhere[6] == everywhere[10]
+    assert short_only[6] != short_only[10] and short_only[6] != everywhere[6]
+    with pytest.raises(ValueError, match="anchor_phases"):
+        finetune.supervised_finetune(MoEPolicy(tiny_model()), examples, seconds=1, batch_size=4, lr=1e-3, pad_id=0,
+                                     buckets=2, anchor_phases="short")
+
+
 def test_a_warm_start_fitted_on_this_runs_rl_tasks_is_refused(tmp_path):
     import json
 

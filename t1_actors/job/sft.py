@@ -103,7 +103,7 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
     report = supervised_finetune(policy, examples, seconds=campaign.sft_seconds, batch_size=campaign.sft_batch_size,
                                  lr=campaign.sft_lr, pad_id=pad_id, seed=campaign.seed, steps=campaign.sft_steps,
                                  anchor_every=campaign.sft_anchor_every, buckets=campaign.sft_length_buckets,
-                                 short_first=campaign.sft_short_first,
+                                 short_first=campaign.sft_short_first, anchor_phases=campaign.sft_anchor_phases,
                                  progress=progress)
     return policy, {"steps": report.steps, "examples_seen": report.examples_seen,
                     "distinct_examples": report.distinct_examples, "epochs": round(report.epochs, 2),

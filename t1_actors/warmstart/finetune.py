@@ -189,7 +189,7 @@ class SFTReport:
 
 def supervised_finetune(model, examples: list[Example], *, seconds: float, batch_size: int, lr: float,
                         pad_id: int, seed: int = 0, anchor_every: int = 2, steps: int | None = None,
-                        buckets: int = 0, short_first: float = 0.0,
+                        buckets: int = 0, short_first: float = 0.0, anchor_phases: str = "all",
                         progress: Callable[[int, float], None] | None = None) -> SFTReport:
     """Train ``model`` on oracle chats for ``steps`` optimiser steps (``None``: until ``seconds`` of wall
     time); ``seconds`` always bounds the run, so a step budget on a slow machine still ends. With a step
@@ -214,11 +214,18 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
     names even on single-turn chats (long.toml's pool, 900 steps: 8 of 72 validation chats right, teacher-forced);
     600 steps on the short half alone made it copy (20 of 72, the single-turn families nearly all right):
     docs/long_horizons.md.
+
+    ``anchor_phases``: ``"all"`` (anchor steps throughout) or ``"short"`` (with ``short_first``: anchor steps in
+    the short phase only, every batch of the mixed phase fresh). Why: the anchors that make the policy copy also
+    take every ``anchor_every``-th mixed step from the long chats (long.toml's variant e, docs/long_horizons.md).
     """
     if not examples:
         raise RuntimeError("SFT: no oracle example to train on (are the sandbox and the task corpus working?)")
     if anchor_every < 0:
         raise ValueError(f"anchor_every must be >= 0 (0 = no anchor batch), got {anchor_every}")
+    if anchor_phases not in ("all", "short") or (anchor_phases == "short" and short_first == 0):
+        raise ValueError(f"anchor_phases must be 'all' or 'short' (which needs short_first > 0), got {anchor_phases!r} "
+                         f"with short_first {short_first}")
     if buckets < 0:
         raise ValueError(f"buckets must be >= 0 (0 = batches from the whole pool), got {buckets}")
     if not 0.0 <= short_first <= 1.0 or (short_first > 0 and buckets == 0):
@@ -237,7 +244,8 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
         for group in optimizer.param_groups:
             group["lr"] = sft_learning_rate(lr, steps, done)
         opened = open_buckets(len(pools), done, short_first)
-        if anchor_every > 0 and steps % anchor_every == 0:
+        anchoring = anchor_phases == "all" or opened < len(pools)  # "short": until every bucket is open
+        if anchoring and anchor_every > 0 and steps % anchor_every == 0:
             batch = anchors[(steps // anchor_every) % opened]
         else:
             pool = pools[0] if opened == 1 else rng.choices(pools[:opened], weights=[len(p) for p in pools[:opened]])[0]
