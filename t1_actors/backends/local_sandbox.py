@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import glob
 import json
 import os
@@ -291,6 +292,7 @@ def _alive(pid: int, since: float | None = None) -> bool:
     return True
 
 
+@functools.cache  # fixed while the machine runs: read once, not per trial root swept
 def _boot_time() -> float:
     for line in Path("/proc/stat").read_text().splitlines():
         if line.startswith("btime "):
