@@ -2,7 +2,8 @@
 
 - ``SandboxOpen(trial_id, task_id)`` -> Ack with the build report (the task comes from the run's
   ``[tasks]`` sets); an environment that cannot be built is an ErrorReply ``SandboxBuildError`` /
-  ``SandboxInfraError``, never a task failure.
+  ``SandboxInfraError``, never a task failure; so is a trial whose disk does not fit the local backend's
+  ``[sandbox.local] disk_total_mb`` (``DiskBudgetExceeded``; ``disk_reserved_mb`` in the status).
 - ``ExecRequest(trial_id, turn, command, timeout_s)`` -> the ``SandboxExec`` event (also appended to the
   log): exit code, capped stdout/stderr with truncation flags, duration, timeout; a failure of the
   sandbox machinery itself comes back as ``infra_error`` on the event (exit code -1).
@@ -100,8 +101,10 @@ class SandboxActor(Actor):
                 await trio.to_thread.run_sync(backend.close)
 
     def status(self) -> dict[str, float]:
+        budget = getattr(getattr(self, "backend", None), "disk_budget", None)  # local backend: the trials' disks
         return {"open_sandboxes": float(len(getattr(self, "sandboxes", {}))), "execs": float(getattr(self, "_execs", 0)),
-                "snapshot_s": float(getattr(self, "snapshot_s", 0.0))}
+                "snapshot_s": float(getattr(self, "snapshot_s", 0.0)),
+                "disk_reserved_mb": float(budget.held_mb()) if budget is not None else 0.0}
 
     @handles(SandboxOpen)
     async def open(self, request: SandboxOpen) -> Ack:

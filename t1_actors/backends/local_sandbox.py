@@ -13,7 +13,10 @@ CAP_MKNOD, a system-call filter like Docker's default seccomp profile (``_sandbo
 wall-clock timeout; rlimits cap CPU seconds (timeout x the task's ``cpus``) and file size; output is
 capped per stream and flagged when truncated. Processes do not outlive their tool call (the pid namespace ends with it).
 The trial's upper layer lives on its own disk (``_sandbox/disk.py``: a sparse ext4 image of ``disk_mb``,
-loop-mounted), so its writes stop there and never fill the host's.
+loop-mounted), so its writes stop there and never fill the host's. The backend's disks together are held to
+``disk_total_mb`` (``disk.DiskBudget``): a trial reserves its disk's size before it is made and gives it back once
+its root is deleted; one that does not fit is refused (``DiskBudgetExceeded``, a SandboxInfraError) before
+anything is made. Trials taken over after a restart (``adopt``) are charged their disks' sizes too.
 
 Usage::
 
@@ -40,9 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from t1_actors.backends._sandbox import cgroups, disk, hostview, reattach, seccomp
+from t1_actors.backends._sandbox.disk import DiskBudget, DiskBudgetExceeded
 from t1_actors.backends._sandbox.image import Image, SandboxBuildError, build_image
 from t1_actors.backends._sandbox.interface import BuildReport, ExecResult, Sandbox, SandboxBackend, SandboxInfraError
 from t1_actors.backends._sandbox.layers import Layer, RootStack, make_skeleton, remove_tree, unmount_all
@@ -53,7 +57,7 @@ if TYPE_CHECKING:
     from t1_actors.tasks.model import Task
 
 __all__ = ["LocalSandboxConfig", "LocalSandboxBackend", "LocalSandbox", "TrialRoot", "locate_trial", "ExecResult",
-           "SandboxInfraError", "SandboxBuildError", "Sandbox", "SandboxBackend", "BuildReport"]
+           "SandboxInfraError", "SandboxBuildError", "DiskBudgetExceeded", "Sandbox", "SandboxBackend", "BuildReport"]
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 TRIAL_FILE = "trial.json"  # in each trial's directory: its TrialRoot, for the verifier
@@ -67,8 +71,14 @@ class LocalSandboxConfig(BaseModel):
     base_dir: str = Field("/tmp/t1-sandbox", description="images, trials and the skeleton root live here")
     pids_max: int = Field(256, gt=8, description="processes + threads per command (fork bombs stop here)")
     file_size_mb: int = Field(512, gt=0, description="largest file one command may write")
-    disk_mb: int = Field(4096, ge=0, description="all a trial may write, on its own loop-mounted ext4 image "
-                                                 "(sparse); 0: on the host's disk, uncapped")
+    disk_mb: int = Field(1024, ge=0, description="all a trial may write, on its own loop-mounted ext4 image "
+                                                 "(sparse); 0: on the host's disk, uncapped (and no disk_total_mb)")
+    disk_total_mb: int = Field(
+        0, ge=0, description="the disks of all open trials of one sandbox backend together (the sum of their "
+                             "disk_mb, trials taken over after a restart included): a trial that would pass it is "
+                             "refused before it starts, an infrastructure failure. 0: the space free on base_dir's "
+                             "file system when the backend starts, less a tenth (at least 2048 MB); it assumes no "
+                             "other backend draws on that disk meanwhile (give each its share if several do)")
     build_network: bool = Field(True, description="Dockerfile RUN / setup steps may reach package registries")
     build_memory_mb: int = Field(4096, gt=0, description="memory cap of one environment build step")
     seccomp: bool = Field(True, description="every command and build step under a system-call filter like "
@@ -77,6 +87,17 @@ class LocalSandboxConfig(BaseModel):
     snapshots: bool = Field(True, description="a copy of the trial's upper layer when each command starts "
                                               "(_sandbox/reattach.py), so a command running when the sandbox actor "
                                               "is killed is rolled back and run again; false: such a trial is lost")
+
+    @model_validator(mode="after")
+    def _check(self) -> LocalSandboxConfig:
+        if self.disk_total_mb and not self.disk_mb:
+            raise ValueError(f"disk_total_mb = {self.disk_total_mb} budgets the trials' own disks and disk_mb = 0 "
+                             f"gives them none: set disk_total_mb = 0, or disk_mb > 0")
+        if 0 < self.disk_total_mb < self.disk_mb:
+            raise ValueError(f"disk_total_mb = {self.disk_total_mb} cannot hold one trial's disk (disk_mb = "
+                             f"{self.disk_mb}): raise disk_total_mb to at least {self.disk_mb} (times the trials "
+                             f"run at once), or lower disk_mb")
+        return self
 
 
 @dataclass(frozen=True)
@@ -134,6 +155,7 @@ class LocalSandboxBackend:
         self.base = Path(self.config.base_dir)
         self.trials_dir = self.base / "trials"
         self.trials_dir.mkdir(parents=True, exist_ok=True)
+        self.disk_budget = self._make_disk_budget() if self.config.disk_mb else None
         system_dirs = make_skeleton(self.base / "skeleton")
         mask = hostview.make_mask(self.base / "masks", system_dirs)  # the host's accounts and secrets hidden
         self.base_stack = RootStack(self.base / "skeleton", (mask,), system_dirs)
@@ -147,6 +169,21 @@ class LocalSandboxBackend:
         if sweep:  # else the caller takes over the trials it still wants (adopt), then sweeps
             self.sweep_stale()
 
+    def _make_disk_budget(self) -> DiskBudget:
+        """``disk_total_mb``, or the free space less a margin (``disk.derived_budget``) counting what the roots of
+        dead processes hold as free: each is taken over (and charged its whole disk) or swept."""
+        size = self.config.disk_total_mb
+        if size:
+            return DiskBudget(size, "is [sandbox.local] disk_total_mb")
+        leftover = sum(disk.written_mb(d) for d in self.trials_dir.iterdir() if (owner := _owner(d)) is not None
+                       and owner[0] != os.getpid() and not _alive(*owner))
+        size, origin = disk.derived_budget(self.trials_dir, leftover)
+        if size < self.config.disk_mb:
+            raise SandboxInfraError(f"no room for one trial's disk ([sandbox.local] disk_mb = {self.config.disk_mb}): "
+                                    f"the disk budget {origin}, {size} MB. Free disk space, lower disk_mb, or set "
+                                    f"disk_total_mb (the trials' disks together) yourself")
+        return DiskBudget(size, origin)
+
     def _reap(self) -> None:
         """Unmount and delete closed trials off the caller's path (umount waits for RCU grace periods)."""
         while (item := self._teardown.get()) is not None:
@@ -155,8 +192,13 @@ class LocalSandboxBackend:
                 unmount_all(mounted)
                 remove_tree(directory)
             finally:
+                self._release_disk(directory)
                 self._teardown.task_done()
         self._teardown.task_done()
+
+    def _release_disk(self, directory: Path) -> None:
+        if self.disk_budget is not None:
+            self.disk_budget.release(directory.name)
 
     def wait_torn_down(self) -> None:
         """Block until every closed sandbox is unmounted and deleted."""
@@ -181,6 +223,8 @@ class LocalSandboxBackend:
         image = self.image(task)
         directory = self.trials_dir / f"{_SAFE.sub('_', trial_id)[:64]}-{secrets.token_hex(4)}"
         stack = RootStack(self.base_stack.skeleton, (image.layer, *self.base_stack.layers), self.base_stack.system_dirs)
+        if self.disk_budget is not None:  # before anything is made: a refused trial leaves nothing behind
+            self.disk_budget.reserve(directory.name, self.config.disk_mb, trial_id)
         try:
             directory.mkdir(parents=True)
             (directory / "owner").write_text(str(os.getpid()))
@@ -192,6 +236,7 @@ class LocalSandboxBackend:
             mounted = ([str(home)] if home != directory else []) + stack.mount(merged, upper, home / "work")
         except (OSError, SandboxInfraError) as exc:
             remove_tree(directory)
+            self._release_disk(directory)
             if isinstance(exc, SandboxInfraError):
                 raise
             raise SandboxInfraError(f"cannot mount the root of trial {trial_id}: {exc}") from exc
@@ -206,16 +251,16 @@ class LocalSandboxBackend:
     def adopt(self, task: Task, trial_id: str) -> tuple[LocalSandbox, reattach.Takeover] | None:
         """Take over the root of ``trial_id`` that a killed process left (its owner dead), rolled back to before the
         command it was running, if any (``_sandbox/reattach.py``). None when there is no such root; a root that
-        cannot be recovered is deleted and SandboxInfraError says why."""
+        cannot be recovered is deleted and SandboxInfraError says why. The root's disk counts against the disk
+        budget (its size, as it was made), even past the budget: it exists already."""
         prefix = _SAFE.sub("_", trial_id)[:64] + "-"
         for directory in self.trials_dir.glob(f"{glob.escape(prefix)}*"):
             try:
                 trial_root = TrialRoot.from_json(json.loads((directory / TRIAL_FILE).read_text()))
-                owner = int((directory / "owner").read_text())
-                owned_since = (directory / "owner").stat().st_mtime
             except (OSError, ValueError, KeyError):
                 continue
-            if trial_root.trial_id != trial_id or owner == os.getpid() or _alive(owner, owned_since):
+            owner = _owner(directory)
+            if owner is None or trial_root.trial_id != trial_id or owner[0] == os.getpid() or _alive(*owner):
                 continue
             try:
                 takeover = reattach.take_over(directory, trial_root.stack, trial_root.upper, directory / "root")
@@ -223,6 +268,8 @@ class LocalSandboxBackend:
             except (OSError, SandboxInfraError) as exc:
                 remove_tree(directory)
                 raise SandboxInfraError(f"the workspace of trial {trial_id} is lost: {exc}") from exc
+            if self.disk_budget is not None:
+                self.disk_budget.charge(directory.name, disk.image_mb(directory))
             sandbox = LocalSandbox(self, task, trial_id, directory, directory / "root", takeover.mounted, trial_root,
                                    self.image(task).report)
             with self._lock:
@@ -238,19 +285,17 @@ class LocalSandboxBackend:
         """Unmount and delete trial roots whose owning process is gone (a crashed run). Returns how many."""
         swept = 0
         for directory in self.trials_dir.iterdir():
-            try:
-                owner = int((directory / "owner").read_text())
-                owned_since: float | None = (directory / "owner").stat().st_mtime
-            except (OSError, ValueError):  # no owner yet (being opened), or already being torn down
+            owner = _owner(directory)
+            if owner is None:  # no owner yet (being opened), or already being torn down
                 try:
                     if time.time() - directory.stat().st_mtime < 600:
                         continue
                 except OSError:
                     continue
-                owner = owned_since = None
-            if owner is not None and _alive(owner, owned_since):
+            elif _alive(*owner):
                 continue
             remove_tree(directory)
+            self._release_disk(directory)  # none held, unless the root was forgotten by its own process
             swept += 1
         cgroups.sweep_stale()
         return swept
@@ -264,6 +309,14 @@ class LocalSandboxBackend:
         if self._reaper.is_alive():
             self._teardown.put(None)
             self._reaper.join()
+
+
+def _owner(directory: Path) -> tuple[int, float] | None:
+    """The pid that owns the trial root in ``directory`` and when it wrote it (Unix seconds); None without one."""
+    try:
+        return int((directory / "owner").read_text()), (directory / "owner").stat().st_mtime
+    except (OSError, ValueError):
+        return None
 
 
 def _alive(pid: int, since: float | None = None) -> bool:
@@ -367,11 +420,17 @@ class LocalSandbox:
         self._closed = True
         self.backend._forget(self)
         (self.directory / TRIAL_FILE).unlink(missing_ok=True)  # at once: no verifier finds a closed trial
+        budget = self.backend.disk_budget
         if self.backend._reaper.is_alive():
+            if budget is not None:
+                budget.leaving(self.directory.name)  # released once the reaper has deleted the root
             self.backend._teardown.put((self._mounted, self.directory))
         else:
-            unmount_all(self._mounted)
-            remove_tree(self.directory)
+            try:
+                unmount_all(self._mounted)
+                remove_tree(self.directory)
+            finally:
+                self.backend._release_disk(self.directory)
 
     def _check_open(self) -> None:
         if self._closed:
