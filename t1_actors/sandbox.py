@@ -1,9 +1,11 @@
 """The sandbox actor: one isolated workspace per trial, one logged ``SandboxExec`` per tool call.
 
 - ``SandboxOpen(trial_id, task_id)`` -> Ack with the build report (the task comes from the run's
-  ``[tasks]`` sets); an environment that cannot be built is an ErrorReply ``SandboxBuildError`` /
-  ``SandboxInfraError``, never a task failure; so is a trial whose disk does not fit the local backend's
-  ``[sandbox.local] disk_total_mb`` (``DiskBudgetExceeded``; ``disk_reserved_mb`` in the status).
+  ``[tasks]`` sets); a failure of the sandbox's infrastructure is an ``ErrorReply(error="SandboxInfraError",
+  detail="<its type>: <what>")``, never a task failure: an environment that cannot be built
+  (``SandboxBuildError``), a trial whose disk does not fit the local backend's ``[sandbox.local] disk_total_mb``
+  (``DiskBudgetExceeded``; ``disk_reserved_mb`` in the status). The controller ends such a trial as an
+  infrastructure failure (``rollout.opens``); any other error (an unknown task) is the handler's usual ErrorReply.
 - ``ExecRequest(trial_id, turn, command, timeout_s)`` -> the ``SandboxExec`` event (also appended to the
   log): exit code, capped stdout/stderr with truncation flags, duration, timeout; a failure of the
   sandbox machinery itself comes back as ``infra_error`` on the event (exit code -1).
@@ -34,6 +36,7 @@ import trio
 from schemas import (
     Ack,
     Cancel,
+    ErrorReply,
     ExecRequest,
     Generic,
     SandboxClose,
@@ -107,14 +110,20 @@ class SandboxActor(Actor):
                 "disk_reserved_mb": float(budget.held_mb()) if budget is not None else 0.0}
 
     @handles(SandboxOpen)
-    async def open(self, request: SandboxOpen) -> Ack:
+    async def open(self, request: SandboxOpen) -> Ack | ErrorReply:
         if request.trial_id in self.taken_over and request.trial_id in self.sandboxes:
             sandbox = self.sandboxes[request.trial_id]  # its open was resent to us: the predecessor had opened it
         elif request.trial_id in self.sandboxes:
             raise SandboxInfraError(f"trial {request.trial_id} already has an open sandbox; close it first")
         else:
             task = self.tasks.get(request.task_id)
-            sandbox = await trio.to_thread.run_sync(self.backend.open, task, request.trial_id)
+            try:
+                sandbox = await trio.to_thread.run_sync(self.backend.open, task, request.trial_id)
+            except SandboxInfraError as error:  # marked as the infrastructure's, whatever its subclass
+                detail = f"{type(error).__name__}: {error}"
+                self.logger.warning("sandbox_open_failed", trial_id=request.trial_id, task_id=request.task_id,
+                                    error=detail)
+                return ErrorReply(error=SandboxInfraError.__name__, detail=detail)
             self.sandboxes[request.trial_id] = sandbox
         self.taken_over.discard(request.trial_id)
         build = sandbox.build

@@ -34,6 +34,7 @@ from schemas import (
 )
 from storage import EventLog
 from storage.config import StorageConfig
+from t1_actors.backends.local_sandbox import SandboxInfraError
 from t1_actors.backends.sampler_backend import SamplerConfig
 from t1_actors.eval.protocol import EvalConfig, pass_k_subset
 from t1_actors.layout import checkpoints_dir, tokenizer_path
@@ -41,11 +42,12 @@ from t1_actors.policy.generation import NO_PREFIX, Generation, TurnPrefix
 from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
 from t1_actors.rollout import ToolOutcome
 from t1_actors.rollout.admission import StalenessConfig
+from t1_actors.rollout.opens import SandboxesUnavailable, SandboxUnavailable
 from t1_actors.rollout.recovery import close_abandoned, open_trials
 from t1_actors.rollout.resume import resume_open_trials
 from t1_actors.rollout.trials import BatchStats, InFlight, TrialRunner
 from t1_actors.runtime.actor import Actor
-from t1_actors.runtime.errors import PeerGone, RuntimeFault
+from t1_actors.runtime.errors import PeerGone, RemoteError, RuntimeFault
 from t1_actors.runtime.reachability import PeerWatch, ping_call, while_reachable
 from t1_actors.schedule import CampaignConfig, Controller, TaskSplits, play_schedule
 from t1_actors.tasks import build_task_sets
@@ -60,7 +62,12 @@ class ActorPorts:
         self.deadline = actor.config.transport.control_deadline_s
 
     async def open_sandbox(self, trial_id: str, task_id: str) -> None:
-        await self.actor.peer("sandbox").call_bulk(SandboxOpen(trial_id=trial_id, task_id=task_id))
+        try:
+            await self.actor.peer("sandbox").call_bulk(SandboxOpen(trial_id=trial_id, task_id=task_id))
+        except RemoteError as error:
+            if error.error != SandboxInfraError.__name__:  # the sandbox actor's mark of its infrastructure's failures
+                raise
+            raise SandboxUnavailable(error.detail) from error
 
     async def execute(self, trial_id: str, turn: int, command: str, timeout_s: float) -> ToolOutcome:
         reply = await self.actor.peer("sandbox").call_bulk(
@@ -243,7 +250,8 @@ class StalenessActor(Actor):
                              self.campaign.rollout_limits(),
                              run_tag=f"{self.ctx.run_id}-{self.name}-{int(time.time()) % 100000}",
                              tito_repairs=self.campaign.tito_repairs,
-                             routing_in_turns=self.staleness.resume_after_restart)
+                             routing_in_turns=self.staleness.resume_after_restart,
+                             max_open_failures=self.staleness.max_open_failures)
 
         async def warm_up_critic(trial_ids: list[str]) -> None:
             await self.peer("critic").call_bulk(Generic(op="critic_warmup", args={"trial_ids": trial_ids}))
@@ -276,8 +284,15 @@ class StalenessActor(Actor):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_versions)
             nursery.start_soon(watch.run)  # a peer cut off (e.g. a sampler's host) is logged, not a silent pause
-            await play_schedule(runner, controller, self.splits, campaign=self.campaign, staleness=self.staleness,
-                                eval_config=self.eval_config, run_temperature=self.temperature, stats=self.stats,
-                                resumed=resumed)
+            try:
+                await play_schedule(runner, controller, self.splits, campaign=self.campaign, staleness=self.staleness,
+                                    eval_config=self.eval_config, run_temperature=self.temperature,
+                                    stats=self.stats, resumed=resumed)
+            except* SandboxesUnavailable as group:  # every open fails: one line with the sandbox's error, then die
+                first: BaseException = group
+                while isinstance(first, BaseExceptionGroup):
+                    first = first.exceptions[0]
+                self.logger.error("sandboxes_unavailable", error=str(first), failed_opens=runner.opens.failed)
+                raise
             nursery.cancel_scope.cancel()
         self.logger.info("campaign_schedule_done", policy_version=self.version)

@@ -7,14 +7,18 @@ import gzip
 import json
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 from fixtures.campaign import ROOT, micro_config
 
+from t1_actors.backends.local_sandbox import DiskBudgetExceeded, ExecResult, SandboxBuildError, SandboxInfraError
 from t1_actors.job.config import load_config
 from t1_actors.job.resume import resume_state
+from t1_actors.policy.tokenizer import train_tokenizer
 from t1_actors.runtime.config import ConfigError
 from t1_actors.tasks import TasksConfig, build_task_sets
+from t1_actors.warmstart.finetune import chat_corpus, execute_oracle_pool
 from t1_actors.warmstart.oracle_outputs import OracleOutputs, outputs_path, read_outputs, task_digest, write_outputs
 
 
@@ -52,6 +56,66 @@ def test_a_failed_oracle_is_not_kept(tasks, tmp_path):
     assert pool.kept == {} and pool.reused == 0
     write_outputs(tmp_path, pool.kept)
     assert read_outputs(tmp_path) == {}
+
+
+class _Sandbox:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def exec(self, command):
+        return ExecResult(0, f"ran {command[:20]}", "", 0.0)
+
+
+class _Sandboxes:
+    """A sandbox backend whose open raises ``refuse(task)`` when that is an error, else opens a sandbox."""
+
+    def __init__(self, refuse):
+        self.refuse = refuse
+
+    def open(self, task, trial_id):
+        error = self.refuse(task)
+        if error is not None:
+            raise error
+        return _Sandbox()
+
+
+def _pool(tasks, sandboxes):
+    """The SFT oracle pool as the warm start runs it (t1_actors.job.sft.warm_start): each oracle executed in a
+    sandbox of ``sandboxes`` through ``OracleOutputs``, two workers."""
+    pool = OracleOutputs()
+    tokenizer = train_tokenizer(chat_corpus(tasks), 512)
+    examples, failures = execute_oracle_pool(tasks, lambda task: pool.outputs(task, partial(pool.execute, sandboxes)),
+                                             tokenizer, tool_output_chars=200, max_len=4096, workers=2)
+    return pool, examples, failures
+
+
+def test_oracles_lost_to_sandbox_infrastructure_errors_are_counted_and_said(tasks):
+    refused = {tasks[1].id: DiskBudgetExceeded("trial sft-x refused: 0 MB left; raise [sandbox.local] disk_total_mb"),
+               tasks[4].id: SandboxBuildError("apt-get exited 100")}
+    pool, examples, failures = _pool(tasks, _Sandboxes(lambda task: refused.get(task.id)))
+    assert failures == pool.lost == 2 and examples and set(pool.kept) == {t.id for t in tasks} - set(refused)
+    line = pool.losses()
+    assert line.startswith("oracle pool: 2 example(s) lost to sandbox infrastructure errors"), line
+    assert f"the first: task {tasks[1].id}: DiskBudgetExceeded: trial sft-x refused" in line or (
+        f"the first: task {tasks[4].id}: SandboxBuildError: apt-get exited 100" in line), line  # two workers
+    pool.check_losses(len(tasks))  # some were executed: SFT goes on
+    assert OracleOutputs().losses() == ""
+
+
+def test_an_oracle_pool_lost_whole_fails_with_the_sandboxes_error(tasks):
+    pool, examples, failures = _pool(tasks, _Sandboxes(lambda task: SandboxBuildError(f"task {task.id}: no network")))
+    assert failures == pool.lost == len(tasks) and not examples
+    with pytest.raises(SandboxInfraError, match=rf"every one of its {len(tasks)} oracles was lost .* the first: task "
+                                                r".*: SandboxBuildError: task .*: no network"):
+        pool.check_losses(len(tasks))
+
+
+def test_an_error_that_is_not_the_sandboxes_is_not_swallowed_by_the_oracle_pool(tasks):
+    with pytest.raises(ValueError, match="a bug"):
+        _pool(tasks, _Sandboxes(lambda task: ValueError("a bug")))
 
 
 def test_a_source_without_outputs_is_refused_naming_the_key(tmp_path):

@@ -231,6 +231,8 @@ def _prepare(config, run_dir: Path, campaign: CampaignConfig, console, timings: 
                     f"{reused}; "
                     f"SFT: {sft['steps']} steps ({sft['epochs']:.1f} epochs), loss {sft['final_loss']:.3f}, "
                     f"{sft['tokens_per_s']:.0f} tok/s")
+        if sft.get("oracle_lost_warning"):
+            console.log(f"warning: {sft['oracle_lost_warning']}", markup=False, highlight=False)
         held_out = sft["imitation"]
         console.log(f"SFT imitation of {held_out['chats']} validation chats (teacher-forced, greedy): "
                     f"{held_out['turn_accuracy']:.0%} of turns, {held_out['chat_accuracy']:.0%} of chats right")

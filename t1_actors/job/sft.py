@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,18 +62,7 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
     pool = OracleOutputs(read_outputs(campaign.oracle_pool_from) if campaign.oracle_pool_from else None)
 
     def execute_oracle(task) -> list[str] | None:
-        return pool.outputs(task, execute_in_sandbox)
-
-    def execute_in_sandbox(task) -> list[str] | None:
-        try:
-            with sandboxes.open(task, f"sft-{task.id}") as sandbox:
-                outputs = []
-                for command in oracle_trajectory(task):
-                    result = sandbox.exec(command)
-                    outputs.append(result.stdout + result.stderr)
-                return outputs
-        except Exception:  # an infrastructure hiccup costs one example, never the run
-            return None
+        return pool.outputs(task, partial(pool.execute, sandboxes))
 
     examples_of = None
     if getattr(tokenizer, "chat_template", None) is not None:  # an HF template: reasoning chats, TITO-style examples
@@ -93,6 +83,7 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
                                                  tool_output_chars=campaign.tool_output_chars,
                                                  max_len=campaign.sft_max_len, workers=campaign.sft_oracle_workers,
                                                  progress=pool_progress, examples_of=examples_of)
+        pool.check_losses(len(tasks.sft))
         held_out = [chat for task in tasks.validation for chat in held_out_chats(task)]
     finally:
         sandboxes.close()
@@ -109,7 +100,8 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
                     "distinct_examples": report.distinct_examples, "epochs": round(report.epochs, 2),
                     "final_loss": report.final_loss, "seconds": round(report.seconds, 1),
                     "tokens_per_s": round(report.tokens_per_s, 1), "padding": round(report.padding, 3),
-                    "oracle_failures": failures, "oracle_reused": pool.reused,
+                    "oracle_failures": failures, "oracle_reused": pool.reused, "oracle_lost": pool.lost,
+                    "oracle_lost_warning": pool.losses(),
                     "oracle_pool_seconds": round(pool_seconds, 1), "parameters": policy.num_parameters(),
                     "imitation": imitation(policy, held_out)}
 

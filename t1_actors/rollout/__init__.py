@@ -4,6 +4,7 @@
     trials     orchestration over ``TrialPorts``: eval, warm-up and RL batches; TITO assembly per trial
     eval_pass  one eval pass and its ``EvalResult``; a pass a dead controller left half played goes on from it
     admission  the staleness rules: policy lag, admission, oversampling, the tail's length bias
+    opens      a sandbox that cannot be opened: the trial an infrastructure failure, throttled, bounded
     inprocess  ``TrialPorts`` over real engines in one process (``t1-probe``, ``t1-actor eval``, tests)
 
 TITO itself (``t1_actors.tito``) is its own package: custom harnesses call it directly.

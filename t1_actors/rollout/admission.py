@@ -41,6 +41,11 @@ class StalenessConfig(BaseModel):
         120.0, gt=0, description="how long a turn waits for its sampler once the sampler stops answering pings (a "
                                  "restarted sampler answers the turn in flight itself); past it the trial ends as an "
                                  "infrastructure failure")
+    max_open_failures: int = Field(
+        10, gt=0, description="sandbox opens that fail in a row (the sandbox's infrastructure: an environment that "
+                              "cannot be built, the disk budget spent) with no sandbox open before the controller "
+                              "stops: every open fails. Each such trial ends as an infrastructure failure; while "
+                              "others are open, the next opens go one at a time after a backoff (rollout.opens)")
 
     @model_validator(mode="after")
     def _check(self) -> StalenessConfig:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import trio
 
-from t1_actors.backends.local_sandbox import LocalSandboxBackend
+from t1_actors.backends.local_sandbox import LocalSandboxBackend, SandboxInfraError
 from t1_actors.backends.sampler_backend import GenerateSpec
 from t1_actors.policy.sampling import SamplingParams
 from t1_actors.rollout.loop import ToolOutcome
+from t1_actors.rollout.opens import SandboxUnavailable
 from t1_actors.verify.engine import Verifier
 
 
@@ -26,7 +27,11 @@ class InProcessPorts:
         self.version = 0
 
     async def open_sandbox(self, trial_id, task_id):
-        self.sandboxes[trial_id] = await trio.to_thread.run_sync(self.sandbox_backend.open, self.tasks[task_id], trial_id)
+        try:
+            self.sandboxes[trial_id] = await trio.to_thread.run_sync(self.sandbox_backend.open, self.tasks[task_id],
+                                                                     trial_id)
+        except SandboxInfraError as error:  # as the sandbox actor marks it: the trial ends as an infra failure
+            raise SandboxUnavailable(f"{type(error).__name__}: {error}") from error
 
     async def execute(self, trial_id, turn, command, timeout_s):
         result = await trio.to_thread.run_sync(self.sandboxes[trial_id].exec, command, timeout_s)

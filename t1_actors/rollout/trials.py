@@ -26,12 +26,15 @@ from t1_actors.policy.chat_tokenizer import BASH_TOOL, as_chat_tokenizer
 from t1_actors.policy.generation import NO_PREFIX, TurnPrefix
 from t1_actors.rollout.admission import LengthBias, StalenessConfig, admit, policy_lag, trials_to_launch
 from t1_actors.rollout.loop import Generation, RolloutLimits, ToolOutcome, TrialRollout, run_trial
+from t1_actors.rollout.opens import SANDBOX_NOT_OPENED, SandboxOpens, SandboxUnavailable
 
 
 class TrialPorts(Protocol):
     """What a trial needs from the other actors. Each call may raise ``trio.Cancelled`` when the tail is cut."""
 
-    async def open_sandbox(self, trial_id: str, task_id: str) -> None: ...
+    async def open_sandbox(self, trial_id: str, task_id: str) -> None:
+        """Open the trial's sandbox; ``SandboxUnavailable`` when the sandbox's infrastructure failed to (an
+        environment that cannot be built, the disk budget spent: ``rollout.opens``), any other error as it is."""
     async def execute(self, trial_id: str, turn: int, command: str, timeout_s: float) -> ToolOutcome: ...
     async def close_sandbox(self, trial_id: str) -> None: ...
     async def generate(self, trial_id: str, turn: int, prompt_ids: np.ndarray, seed: int | None = None,
@@ -89,8 +92,10 @@ class TrialRunner:
     """Runs trials of tasks through the ports; knows nothing of processes or sockets."""
 
     def __init__(self, ports: TrialPorts, tasks: dict[str, Any], tokenizer, limits: RolloutLimits, run_tag: str = "t",
-                 tito_repairs: Sequence[str] = (), routing_in_turns: bool = False):
+                 tito_repairs: Sequence[str] = (), routing_in_turns: bool = False, max_open_failures: int = 10):
         self.ports, self.tasks, self.limits = ports, tasks, limits
+        # sandboxes that cannot be opened: throttled while others are held, the run ended when none can be
+        self.opens = SandboxOpens(max_open_failures)
         # a trained trial's turn records keep their routing rows too (stored again by its trajectory): the log
         # then holds all a restarted controller needs to resume it with R3 exact (rollout.resume)
         self.routing_in_turns = routing_in_turns
@@ -104,6 +109,37 @@ class TrialRunner:
 
     def new_trial_id(self, split: str) -> str:
         return f"{self.run_tag}-{split}-{next(self._ids):06d}"
+
+    async def open_sandbox(self, sandbox_id: str, task_id: str, *,
+                           sending: Callable[[], None] | None = None) -> str | None:
+        """Open a trial's sandbox: None once open, or why the sandbox's infrastructure could not (the trial then
+        ends as an infrastructure failure: ``end_unopened``). Throttled while opens fail (``rollout.opens``);
+        ``sending()`` is called as the request goes out."""
+        async with self.opens.turn():
+            if sending is not None:
+                sending()
+            try:
+                await self.ports.open_sandbox(sandbox_id, task_id)
+            except SandboxUnavailable as error:
+                self.opens.fail(str(error))
+                return f"{SANDBOX_NOT_OPENED}: {error}"
+            self.opens.succeeded(sandbox_id)
+        return None
+
+    async def end_unopened(self, trial_id: str, task_id: str, rollout: TrialRollout, why: str, *,
+                           assemble: bool) -> TrialOutcome:
+        """End a trial whose sandbox could not be opened: ``TrialEnded(finish="infra_error")``, never verified,
+        scored or trained on; ``SandboxesUnavailable`` once no open succeeds any more (``rollout.opens``)."""
+        rollout.finish, rollout.infra_error = "infra_error", why
+        outcome = await self.finish(trial_id, task_id, rollout, assemble=assemble)
+        self.opens.raise_if_exhausted()
+        return outcome
+
+    async def close_sandbox(self, sandbox_id: str) -> None:
+        """Close a sandbox, shielded from the caller's cancellation."""
+        self.opens.closed(sandbox_id)
+        with trio.CancelScope(shield=True):
+            await self.ports.close_sandbox(sandbox_id)
 
     def limits_of(self, task_id: str) -> RolloutLimits:
         """The run's budgets, with the task's own turn cap where it is lower."""
@@ -167,12 +203,17 @@ async def play_once(runner: TrialRunner, task_id: str, split: str, *, assemble: 
                     sample_index: int = 0, temperature: float | None = None) -> TrialOutcome:
     """Issue one trial of a task, play it in a fresh sandbox, verify it, and always close the sandbox.
 
-    ``label`` names the eval pass the trial belongs to (``TrialIssued.label``); eval trials are seeded."""
+    ``label`` names the eval pass the trial belongs to (``TrialIssued.label``); eval trials are seeded. A sandbox
+    that cannot be opened ends the trial as an infrastructure failure (``TrialRunner.end_unopened``)."""
     trial_id = runner.new_trial_id(split)
     await runner.ports.log(TrialIssued(trial_id=trial_id, task_id=task_id, split=split, label=label,
                                        sample=sample_index, temperature=temperature,
                                        policy_version_wanted=runner.ports.learner_version()))
-    await runner.ports.open_sandbox(trial_id, task_id)
+    unopened = await runner.open_sandbox(trial_id, task_id)
+    if unopened is not None:
+        outcome = await runner.end_unopened(trial_id, task_id, TrialRollout(), unopened, assemble=assemble)
+        outcome.sample = sample_index
+        return outcome
     try:
         rollout = await runner.play(trial_id, task_id, seeded=split == "eval", sample_index=sample_index,
                                     temperature=temperature, trained=assemble)
@@ -180,8 +221,7 @@ async def play_once(runner: TrialRunner, task_id: str, split: str, *, assemble: 
         outcome.sample = sample_index
         return outcome
     finally:
-        with trio.CancelScope(shield=True):
-            await runner.ports.close_sandbox(trial_id)
+        await runner.close_sandbox(trial_id)
 
 
 async def play_all(runner: TrialRunner, task_ids: list[str], split: str, *, assemble: bool,
@@ -227,6 +267,7 @@ class InFlight:
     continuations: int = 0
     why: str = ""  # why it is continued, when not because the batch was cut (a controller's restart)
     played: bool = False  # its agent loop had ended (rebuilt from the log): the continuation only verifies it
+    open_sent: bool = True  # its SandboxOpen went out (False: cut while waiting to open; a continuation opens it)
 
     def __post_init__(self) -> None:
         self.sandbox_id = self.sandbox_id or self.trial_id
@@ -257,12 +298,19 @@ class _Batch:
 
 
 async def _train_trial(runner: TrialRunner, flight: InFlight, batch: _Batch, config: StalenessConfig,
-                       stats: BatchStats, *, fresh: bool) -> None:
+                       stats: BatchStats) -> None:
     ports = runner.ports
     outcome = None
     with flight.scope:
-        if fresh:
-            await ports.open_sandbox(flight.sandbox_id, flight.task_id)
+        if not flight.open_sent:
+            unopened = await runner.open_sandbox(flight.sandbox_id, flight.task_id,
+                                                 sending=partial(setattr, flight, "open_sent", True))
+            if unopened is not None:  # an infrastructure failure, logged; the batch issues another trial
+                flight.open_sent = False  # (cut while its ending is logged: a continuation opens its sandbox anew)
+                await runner.end_unopened(flight.trial_id, flight.task_id, flight.rollout, unopened, assemble=True)
+                del batch.in_flight[flight.trial_id]
+                batch.poke()
+                return
         rollout = flight.rollout if flight.played else await runner.play(
             flight.trial_id, flight.task_id, rollout=flight.rollout, sandbox_id=flight.sandbox_id, trained=True)
         if rollout.finish == "cancelled":
@@ -292,8 +340,7 @@ async def _train_trial(runner: TrialRunner, flight: InFlight, batch: _Batch, con
                                         turns=len(rollout.turns), tokens=rollout.tokens))
         await ports.log(*events)
     finally:
-        with trio.CancelScope(shield=True):
-            await ports.close_sandbox(flight.sandbox_id)
+        await runner.close_sandbox(flight.sandbox_id)
         batch.poke()
 
 
@@ -319,6 +366,7 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
     stats = stats or BatchStats()
     ports = runner.ports
     resumable: list[InFlight] = list(resumed)
+    runner.opens.held.update(f.sandbox_id for f in resumed)  # open: their sandboxes survived the restart
     number = first_batch
     while not until():
         await wait_for_learner(number - max_batches_ahead)
@@ -332,7 +380,8 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
                 # resumed_from, working in the original's sandbox with the original's turns and versions.
                 flight = InFlight(f"{cancelled.sandbox_id}~c{cancelled.continuations + 1}", cancelled.task_id,
                                    cancelled.rollout, sandbox_id=cancelled.sandbox_id,
-                                   continuations=cancelled.continuations + 1, played=cancelled.played)
+                                   continuations=cancelled.continuations + 1, played=cancelled.played,
+                                   open_sent=cancelled.open_sent)
                 await ports.log(StalenessDecision(trial_id=cancelled.trial_id, decision="resume", lag=0,
                                                   policy_version=ports.learner_version(),
                                                   turns=len(flight.rollout.turns), tokens=flight.rollout.tokens,
@@ -342,16 +391,16 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
                                             resumed_from=cancelled.trial_id))
                 stats.resumed += 1
                 batch.in_flight[flight.trial_id] = flight
-                nursery.start_soon(partial(_train_trial, runner, flight, batch, config, stats, fresh=False))
+                nursery.start_soon(partial(_train_trial, runner, flight, batch, config, stats))
             resumable = []
             while batch.admitted < batch.size and not until():
                 while len(batch.in_flight) + batch.admitted < batch.target:
                     task_id = next_task()
-                    flight = InFlight(runner.new_trial_id("train"), task_id)
+                    flight = InFlight(runner.new_trial_id("train"), task_id, open_sent=False)
                     await ports.log(TrialIssued(trial_id=flight.trial_id, task_id=task_id, split="train",
                                                 policy_version_wanted=ports.learner_version()))
                     batch.in_flight[flight.trial_id] = flight
-                    nursery.start_soon(partial(_train_trial, runner, flight, batch, config, stats, fresh=True))
+                    nursery.start_soon(partial(_train_trial, runner, flight, batch, config, stats))
                 with trio.move_on_after(1.0):
                     await batch.changed.wait()
             for flight in list(batch.in_flight.values()):  # the batch is full (or time is up): cut the tail
@@ -370,14 +419,12 @@ async def run_batches(runner: TrialRunner, next_task: Callable[[], str], config:
             if keep:
                 resumable.append(flight)
             else:
-                with trio.CancelScope(shield=True):
-                    await ports.close_sandbox(flight.sandbox_id)
+                await runner.close_sandbox(flight.sandbox_id)
         if batch.admitted >= batch.size:
             number += 1
             stats.batches += 1
             if between_batches is not None:
                 await between_batches()
     for flight in resumable:
-        with trio.CancelScope(shield=True):
-            await ports.close_sandbox(flight.sandbox_id)
+        await runner.close_sandbox(flight.sandbox_id)
     return stats

@@ -8,6 +8,10 @@ are kept as text, not token ids, so a variant with another tokenizer or template
 Guarantees: an output is reused only for a task equal, field for field, to the one that produced it (``task_digest``:
 same id, instruction, files, oracle and tests); any other task is executed as usual. The outputs are those of the
 source run's sandbox backend. The file is written whole, then renamed: a reader never sees part of it.
+
+An oracle whose sandbox's infrastructure failed (an environment that cannot be built, the disk budget spent) costs
+its example, counted (``OracleOutputs.lost``, the first error kept): the warm start says how many, and fails with
+that error when every oracle of its pool was lost (``OracleOutputs.check_losses``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import hashlib
 import json
 import threading
 from pathlib import Path
+
+from t1_actors.backends._sandbox.interface import SandboxInfraError
+from t1_actors.tasks import oracle_trajectory
 
 OUTPUTS_FILE = "oracle_outputs.jsonl.gz"
 
@@ -63,6 +70,8 @@ class OracleOutputs:
         self.previous = previous or {}
         self.kept: dict[str, tuple[str, list[str]]] = {}
         self.reused = 0
+        self.lost = 0  # oracles not executed: their sandbox's infrastructure failed
+        self.first_loss = ""  # the first such failure, "task: error"
         self._lock = threading.Lock()
 
     def outputs(self, task, execute) -> list[str] | None:
@@ -77,3 +86,38 @@ class OracleOutputs:
             if result is not None:
                 self.kept[task.id] = (digest, result)
         return result
+
+    def execute(self, sandboxes, task) -> list[str] | None:
+        """Run ``task``'s oracle in a fresh sandbox of the backend ``sandboxes``: its commands' outputs, in order.
+        None when the sandbox's infrastructure failed (``SandboxInfraError``, an ``OSError``): counted (``lose``),
+        one example lost, never the run; any other error propagates."""
+        try:
+            with sandboxes.open(task, f"sft-{task.id}") as sandbox:
+                outputs = []
+                for command in oracle_trajectory(task):
+                    result = sandbox.exec(command)
+                    outputs.append(result.stdout + result.stderr)
+                return outputs
+        except (SandboxInfraError, OSError) as error:
+            self.lose(task, error)
+            return None
+
+    def lose(self, task, error: BaseException) -> None:
+        """``task``'s oracle could not run: its sandbox's infrastructure failed (``error``). Safe from several threads."""
+        with self._lock:
+            self.lost += 1
+            if not self.first_loss:
+                self.first_loss = f"task {task.id}: {type(error).__name__}: {error}"
+
+    def losses(self) -> str:
+        """The warning line for the oracles lost to sandbox infrastructure errors; "" when none was."""
+        if not self.lost:
+            return ""
+        return (f"oracle pool: {self.lost} example(s) lost to sandbox infrastructure errors (never trained on); "
+                f"the first: {self.first_loss}")
+
+    def check_losses(self, tasks: int) -> None:
+        """Raise ``SandboxInfraError`` naming the first loss when all ``tasks`` oracles of the pool were lost."""
+        if tasks and self.lost >= tasks:
+            raise SandboxInfraError(f"oracle pool: every one of its {tasks} oracles was lost to sandbox infrastructure "
+                                    f"errors, nothing to fine-tune on; the first: {self.first_loss}")
