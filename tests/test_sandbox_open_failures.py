@@ -116,8 +116,11 @@ def _leaves(group: BaseException) -> list[BaseException]:
     return [group]
 
 
+BUILD_FAILED = "SandboxBuildError: task {trial}: apt-get exited 100"  # no other trial's end undoes it
+
+
 def _every_third(ports, trial_id, task_id):
-    return REFUSED if int(trial_id.rsplit("-", 1)[1]) % 3 == 1 else None
+    return BUILD_FAILED if int(trial_id.rsplit("-", 1)[1]) % 3 == 1 else None
 
 
 def test_a_refused_open_ends_the_train_trial_as_an_infra_failure_and_the_batch_refills(world):
@@ -140,7 +143,7 @@ def test_a_refused_open_ends_the_train_trial_as_an_infra_failure_and_the_batch_r
     failed = {e.trial_id: e for e in _of(ports, TrialEnded) if e.finish == "infra_error"}
     assert len(failed) == ports.refused
     for ending in failed.values():
-        assert ending.infra_error.startswith(f"{SANDBOX_NOT_OPENED}: DiskBudgetExceeded: trial {ending.trial_id}")
+        assert ending.infra_error.startswith(f"{SANDBOX_NOT_OPENED}: SandboxBuildError: task {ending.trial_id}")
         assert ending.turns == 0
     # never verified, scored, decided or trained on
     touched = {e.trial_id for kind in (VerifierResult, StalenessDecision, TrajectoryAssembled) for e in _of(ports, kind)}
@@ -157,7 +160,7 @@ def test_an_eval_pass_leaves_a_refused_attempt_out_of_its_scored_trials(world):
     refused_task = sorted(world[0])[0]
 
     async def main():
-        ports = FakePorts(world[1], lambda ports, trial_id, task_id: REFUSED if task_id == refused_task else None)
+        ports = FakePorts(world[1], lambda ports, trial_id, task_id: BUILD_FAILED if task_id == refused_task else None)
         result = await run_eval(_runner(world, ports), sorted(world[0]), label="before", concurrency=2)
         return ports, result
 
@@ -213,16 +216,18 @@ def test_an_eval_pass_where_every_open_fails_stops_too(world):
     assert [type(e) for e in errors] == [SandboxesUnavailable] and ports.refused == 3 and not _of(ports, EvalResult)
 
 
-def test_refused_opens_while_others_hold_the_disk_are_throttled_not_spun_on(world):
-    """A disk budget of two sandboxes under six trials in flight: the other four are refused until one closes. The
-    refused trials end as infra failures, but one at a time after a backoff, and the run never stops for them."""
+def _two_at_most(ports, trial_id, task_id):
+    return REFUSED if len(ports.open) >= 2 else None
+
+
+def test_trials_refused_while_others_hold_the_disk_wait_for_their_share_throttled(world):
+    """A disk budget of two sandboxes under six trials in flight: the other four are refused until one closes. A
+    refused trial asks again (after a backoff, one at a time) instead of ending: the batches fill, no trial ends as an
+    infrastructure failure, and the refusals stay few (without the throttle: one per round trip, thousands)."""
     config = StalenessConfig(batch_size=4, oversample=0.5, max_in_flight=6, max_staleness=8)
 
-    def two_at_most(ports, trial_id, task_id):
-        return REFUSED if len(ports.open) >= 2 else None
-
     async def main():
-        ports = FakePorts(world[1], two_at_most, turn_s=0.05)
+        ports = FakePorts(world[1], _two_at_most, turn_s=0.05)
         runner, stats, cycle = _runner(world, ports, max_open_failures=2), BatchStats(), itertools.cycle(world[0])
         runner.opens = SandboxOpens(2, backoff_s=0.01, backoff_max_s=0.04)
 
@@ -236,12 +241,51 @@ def test_refused_opens_while_others_hold_the_disk_are_throttled_not_spun_on(worl
 
     ports, stats, runner = trio.run(main)
     assert stats.batches == 2 and ports.refused > 0
-    # ~0.5 s of refusals at most one per 10-40 ms, plus a burst of at most five each time one closes: without the
-    # throttle the controller re-issues a refused trial per round trip (thousands)
     assert ports.refused < 150, ports.refused
     assert runner.opens.failed == ports.refused
+    ended = _of(ports, TrialEnded)
+    assert ended and not [e for e in ended if e.finish == "infra_error"], ended
     audit = audit_events((str(i), e) for i, e in enumerate(ports.events))
-    assert audit.trials_unaccounted == 0 and audit.final_states["failed"] == ports.refused, audit.to_json()
+    assert audit.trials_unaccounted == 0 and audit.final_states.get("failed", 0) == 0, audit.to_json()
+
+
+def test_an_eval_pass_under_a_full_disk_budget_keeps_every_task(world):
+    """Eval trials refused for a share others hold wait for it: every task of the pass is scored (n), none is left
+    out as an infrastructure failure (which would unpair the pass from another policy's)."""
+    tasks = sorted(world[0]) * 2
+
+    async def main():
+        ports = FakePorts(world[1], _two_at_most, turn_s=0.05)
+        runner = _runner(world, ports)
+        runner.opens = SandboxOpens(2, backoff_s=0.01, backoff_max_s=0.04)
+        with trio.fail_after(60):
+            await run_eval(runner, tasks, label="before", concurrency=4)
+        return ports
+
+    ports = trio.run(main)
+    [result] = _of(ports, EvalResult)
+    assert ports.refused > 0 and result.n == len(tasks), (ports.refused, result)
+    assert not [e for e in _of(ports, TrialEnded) if e.finish == "infra_error"]
+
+
+def test_a_refusal_others_cannot_undo_ends_the_trial_at_once(world):
+    """An image that cannot be built is not waited for, even while other sandboxes are held: that trial ends as an
+    infrastructure failure and the others go on."""
+
+    def build_fails(ports, trial_id, task_id):
+        return "SandboxBuildError: apt-get exited 100" if task_id == sorted(world[0])[0] else None
+
+    async def main():
+        ports = FakePorts(world[1], build_fails, turn_s=0.05)
+        runner = _runner(world, ports)
+        runner.opens = SandboxOpens(5, backoff_s=0.01, backoff_max_s=0.04)
+        with trio.fail_after(60):
+            await run_eval(runner, sorted(world[0]), label="before", concurrency=4)
+        return ports
+
+    ports = trio.run(main)
+    [result] = _of(ports, EvalResult)
+    assert ports.refused == 1 and result.n == len(world[0]) - 1, (ports.refused, result)
 
 
 def test_the_sandbox_actor_marks_its_infrastructures_failures_and_the_controller_reads_the_mark():

@@ -13,6 +13,9 @@ attempts), as it does every infrastructure failure.
 - while opens fail and sandboxes are still held (or being opened), the next ones go one at a time, each after a
   backoff that doubles per failure (``backoff_s`` up to ``backoff_max_s``): a disk budget full of running trials
   frees up as they end, and meanwhile the controller does not issue a refused trial per round trip;
+- a refusal that frees up as other trials end (``WAITS_FOR_OTHERS``: the disk budget) is asked again, after the
+  backoff, while other sandboxes are held or being opened, for up to ``wait_s``: the trial waits for its share
+  instead of ending (an eval pass would otherwise lose tasks to a full budget, and its pairing with them);
 - ``limit`` failures in a row (no open succeeded in between) with no sandbox held or being opened end the run:
   every open fails, so nothing will free up. ``SandboxesUnavailable`` names the sandbox's last error and the fix.
 """
@@ -25,6 +28,8 @@ from contextlib import asynccontextmanager
 import trio
 
 SANDBOX_NOT_OPENED = "sandbox not opened"  # TrialEnded.infra_error of a trial whose sandbox could not be opened
+# the sandbox's refusals that other trials' ends undo (its reply's detail starts with the error's type name)
+WAITS_FOR_OTHERS = ("DiskBudgetExceeded",)
 
 
 class SandboxUnavailable(Exception):
@@ -38,10 +43,12 @@ class SandboxesUnavailable(RuntimeError):
 class SandboxOpens:
     """The sandbox opens of one runner's trials: the sandboxes held, the failures in a row, the backoff, the bound."""
 
-    def __init__(self, limit: int = 10, *, backoff_s: float = 1.0, backoff_max_s: float = 30.0):
+    def __init__(self, limit: int = 10, *, backoff_s: float = 1.0, backoff_max_s: float = 30.0,
+                 wait_s: float = 1800.0):
         if limit < 1:
             raise ValueError(f"max_open_failures = {limit}: at least 1")
         self.limit, self.backoff_s, self.backoff_max_s = limit, backoff_s, backoff_max_s
+        self.wait_s = wait_s  # how long a trial refused for a share others hold asks again
         self.held: set[str] = set()  # sandboxes opened and not yet closed
         self.pending = 0  # opens asked for and not yet answered
         self.failed_in_row = 0  # failures since the last open that succeeded
@@ -75,6 +82,12 @@ class SandboxOpens:
             yield
         finally:
             self.pending -= 1
+
+    def may_wait(self, error: str, waited_s: float) -> bool:
+        """Whether a trial refused with ``error`` ``waited_s`` ago asks again: a refusal other trials' ends undo,
+        while others are held or on their way (called inside its ``turn``: ``pending`` counts it), within
+        ``wait_s``."""
+        return error.startswith(WAITS_FOR_OTHERS) and bool(self.held or self.pending > 1) and waited_s < self.wait_s
 
     def succeeded(self, sandbox_id: str) -> None:
         self.held.add(sandbox_id)

@@ -111,20 +111,31 @@ class TrialRunner:
         return f"{self.run_tag}-{split}-{next(self._ids):06d}"
 
     async def open_sandbox(self, sandbox_id: str, task_id: str, *,
-                           sending: Callable[[], None] | None = None) -> str | None:
+                           sent: Callable[[bool], None] | None = None) -> str | None:
         """Open a trial's sandbox: None once open, or why the sandbox's infrastructure could not (the trial then
         ends as an infrastructure failure: ``end_unopened``). Throttled while opens fail (``rollout.opens``);
-        ``sending()`` is called as the request goes out."""
-        async with self.opens.turn():
-            if sending is not None:
-                sending()
-            try:
-                await self.ports.open_sandbox(sandbox_id, task_id)
-            except SandboxUnavailable as error:
-                self.opens.fail(str(error))
-                return f"{SANDBOX_NOT_OPENED}: {error}"
-            self.opens.succeeded(sandbox_id)
-        return None
+        ``sent(True)`` is called as a request goes out, ``sent(False)`` when it was refused. A refusal that other
+        trials' ends undo (the disk budget: ``opens.may_wait``) is asked again, after the backoff, while other
+        sandboxes are held or being opened, for up to ``opens.wait_s``: an eval pass keeps every task, a batch its
+        trial."""
+        first_refusal: float | None = None
+        while True:
+            async with self.opens.turn():
+                if sent is not None:
+                    sent(True)
+                try:
+                    await self.ports.open_sandbox(sandbox_id, task_id)
+                except SandboxUnavailable as error:
+                    if sent is not None:
+                        sent(False)  # nothing opened: cut while it waits to ask again, a continuation opens it
+                    self.opens.fail(str(error))
+                    now = trio.current_time()
+                    first_refusal = now if first_refusal is None else first_refusal
+                    if not self.opens.may_wait(str(error), now - first_refusal):
+                        return f"{SANDBOX_NOT_OPENED}: {error}"
+                    continue  # the next turn waits out the backoff
+                self.opens.succeeded(sandbox_id)
+            return None
 
     async def end_unopened(self, trial_id: str, task_id: str, rollout: TrialRollout, why: str, *,
                            assemble: bool) -> TrialOutcome:
@@ -136,10 +147,13 @@ class TrialRunner:
         return outcome
 
     async def close_sandbox(self, sandbox_id: str) -> None:
-        """Close a sandbox, shielded from the caller's cancellation."""
-        self.opens.closed(sandbox_id)
-        with trio.CancelScope(shield=True):
-            await self.ports.close_sandbox(sandbox_id)
+        """Close a sandbox, shielded from the caller's cancellation; it counts as held until closed (what it holds
+        of the disk budget is free only then)."""
+        try:
+            with trio.CancelScope(shield=True):
+                await self.ports.close_sandbox(sandbox_id)
+        finally:
+            self.opens.closed(sandbox_id)
 
     def limits_of(self, task_id: str) -> RolloutLimits:
         """The run's budgets, with the task's own turn cap where it is lower."""
@@ -304,9 +318,9 @@ async def _train_trial(runner: TrialRunner, flight: InFlight, batch: _Batch, con
     with flight.scope:
         if not flight.open_sent:
             unopened = await runner.open_sandbox(flight.sandbox_id, flight.task_id,
-                                                 sending=partial(setattr, flight, "open_sent", True))
+                                                 sent=partial(setattr, flight, "open_sent"))
             if unopened is not None:  # an infrastructure failure, logged; the batch issues another trial
-                flight.open_sent = False  # (cut while its ending is logged: a continuation opens its sandbox anew)
+                # (open_sent is False: cut while its ending is logged, a continuation opens its sandbox anew)
                 await runner.end_unopened(flight.trial_id, flight.task_id, flight.rollout, unopened, assemble=True)
                 del batch.in_flight[flight.trial_id]
                 batch.poke()
