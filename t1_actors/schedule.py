@@ -29,7 +29,8 @@ from t1_actors.eval.protocol import EvalConfig, evaluate_policy, probe_due, prob
 from t1_actors.rollout import RolloutLimits
 from t1_actors.rollout.admission import StalenessConfig, grouped
 from t1_actors.rollout.eval_pass import finished_eval_attempts, run_eval
-from t1_actors.rollout.trials import BatchStats, InFlight, TrialRunner, run_batches, run_warmup
+from t1_actors.rollout.play import run_warmup
+from t1_actors.rollout.trials import BatchStats, InFlight, TrialRunner, run_batches
 
 
 class CampaignConfig(BaseModel):

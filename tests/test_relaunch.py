@@ -25,7 +25,8 @@ from t1_actors.job.main import RunLocationError, _with_policy, load_campaign_con
 from t1_actors.job.resume import ResumeError, check_same_config, resume_state
 from t1_actors.layout import tokenizer_path, weights_dir
 from t1_actors.rollout.admission import StalenessConfig
-from t1_actors.rollout.trials import BatchStats, run_warmup
+from t1_actors.rollout.play import run_warmup
+from t1_actors.rollout.trials import BatchStats
 from t1_actors.runtime.config import write_resolved
 from t1_actors.schedule import CampaignConfig, Controller, TaskSplits, play_schedule, warmup_task_ids
 from t1_actors.staleness import pause_rl_clock, rl_clock_path

@@ -176,7 +176,7 @@ def test_when_every_open_fails_the_run_stops_with_the_sandboxes_error(world):
     config = StalenessConfig(batch_size=4, oversample=1.0, max_in_flight=4)
 
     async def main():
-        ports = FakePorts(world[1], lambda *_: REFUSED)
+        ports = FakePorts(world[1], lambda *_: BUILD_FAILED)
         runner, cycle = _runner(world, ports, max_open_failures=6), itertools.cycle(world[0])
         runner.opens.backoff_s = 0.01
 
@@ -196,7 +196,7 @@ def test_when_every_open_fails_the_run_stops_with_the_sandboxes_error(world):
     assert isinstance(error, SandboxesUnavailable), errors
     message = str(error)
     assert "sandbox opens in a row failed and none is open" in message
-    assert "DiskBudgetExceeded: trial" in message and "disk_total_mb" in message and "--resume" in message
+    assert "SandboxBuildError: task" in message and "disk_total_mb" in message and "--resume" in message
     issued = _of(ports, TrialIssued)
     assert 6 <= ports.refused <= len(issued) <= 12, (ports.refused, len(issued))
     assert not _of(ports, VerifierResult) and not _of(ports, StalenessDecision)
@@ -204,7 +204,7 @@ def test_when_every_open_fails_the_run_stops_with_the_sandboxes_error(world):
 
 def test_an_eval_pass_where_every_open_fails_stops_too(world):
     async def main():
-        ports = FakePorts(world[1], lambda *_: REFUSED)
+        ports = FakePorts(world[1], lambda *_: BUILD_FAILED)
         runner = _runner(world, ports, max_open_failures=3)
         try:
             await run_eval(runner, sorted(world[0]) * 3, label="before", concurrency=1)

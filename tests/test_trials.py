@@ -17,7 +17,8 @@ from t1_actors.rollout import RolloutLimits
 from t1_actors.rollout.admission import StalenessConfig, admit, grouped, policy_lag, trials_to_launch
 from t1_actors.rollout.eval_pass import run_eval
 from t1_actors.rollout.inprocess import InProcessPorts
-from t1_actors.rollout.trials import TrialRunner, eval_seed, play_all, run_batches, run_warmup
+from t1_actors.rollout.play import play_all, run_warmup
+from t1_actors.rollout.trials import TrialRunner, eval_seed, run_batches
 from t1_actors.stats import wilson_interval
 
 

@@ -59,7 +59,8 @@ from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
 from t1_actors.rollout.admission import StalenessConfig
 from t1_actors.rollout.eval_pass import run_eval
 from t1_actors.rollout.inprocess import InProcessPorts
-from t1_actors.rollout.trials import TrialRunner, play_all
+from t1_actors.rollout.play import play_all
+from t1_actors.rollout.trials import TrialRunner
 from t1_actors.runtime.config import ConfigError
 from t1_actors.schedule import CampaignConfig, rl_task_order, warmup_task_ids
 from t1_actors.stats import Outcome, eval_reward, first_attempts, paired_change

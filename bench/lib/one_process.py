@@ -75,7 +75,8 @@ async def run_one_process(config, sft_run: Path, steps: int) -> dict:
     from t1_actors.policy.sampling import SamplingParams
     from t1_actors.policy.tokenizer import load_tokenizer, special_token_ids
     from t1_actors.rollout.admission import grouped
-    from t1_actors.rollout.trials import BatchStats, TrialRunner, run_batches, run_warmup
+    from t1_actors.rollout.play import run_warmup
+    from t1_actors.rollout.trials import BatchStats, TrialRunner, run_batches
     from t1_actors.schedule import rl_task_order, warmup_task_ids
     from t1_actors.tasks import build_task_sets
     from t1_actors.verify.engine import Verifier

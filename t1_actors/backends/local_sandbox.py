@@ -9,14 +9,13 @@ lands. The host is never modified; closing a sandbox unmounts it and deletes the
 Each tool call runs in ``bwrap`` with fresh pid/ipc/uts/net namespaces (no network during the agent's
 turns; build steps get the host's, as a Docker build would), Docker's default capabilities less
 CAP_MKNOD, a system-call filter like Docker's default seccomp profile (``_sandbox/seccomp.py``;
-``seccomp = false`` turns it off), and its own cgroup: memory and process caps and a kill switch for the whole tree at the
-wall-clock timeout; rlimits cap CPU seconds (timeout x the task's ``cpus``) and file size; output is
-capped per stream and flagged when truncated. Processes do not outlive their tool call (the pid namespace ends with it).
+``seccomp = false`` turns it off), and its own cgroup: memory and process caps and a kill switch for the whole
+tree at the wall-clock timeout; rlimits cap CPU seconds (timeout x the task's ``cpus``) and file size; output is
+capped per stream and flagged. Processes do not outlive their tool call (the pid namespace ends with it).
 The trial's upper layer lives on its own disk (``_sandbox/disk.py``: a sparse ext4 image of ``disk_mb``,
 loop-mounted), so its writes stop there and never fill the host's. The backend's disks together are held to
-``disk_total_mb`` (``disk.DiskBudget``): a trial reserves its disk's size before it is made and gives it back once
-its root is deleted; one that does not fit is refused (``DiskBudgetExceeded``, a SandboxInfraError) before
-anything is made. Trials taken over after a restart (``adopt``) are charged their disks' sizes too.
+``disk_total_mb`` (``disk.DiskBudget``): a trial reserves its disk's size before it is made, until its root is
+deleted; one that does not fit is refused before anything is made (``DiskBudgetExceeded``); ``adopt`` charges too.
 
 Usage::
 
@@ -30,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import functools
 import glob
 import json
 import os
@@ -50,6 +48,7 @@ from t1_actors.backends._sandbox.disk import DiskBudget, DiskBudgetExceeded
 from t1_actors.backends._sandbox.image import Image, SandboxBuildError, build_image
 from t1_actors.backends._sandbox.interface import BuildReport, ExecResult, Sandbox, SandboxBackend, SandboxInfraError
 from t1_actors.backends._sandbox.layers import Layer, RootStack, make_skeleton, remove_tree, unmount_all
+from t1_actors.backends._sandbox.owner import alive, trial_owner
 from t1_actors.backends._sandbox.rootfs import RootFS
 from t1_actors.backends._sandbox.runner import BASE_ENV, ExecLimits, bwrap_path, run_in_root
 
@@ -175,8 +174,8 @@ class LocalSandboxBackend:
         size = self.config.disk_total_mb
         if size:
             return DiskBudget(size, "is [sandbox.local] disk_total_mb")
-        leftover = sum(disk.written_mb(d) for d in self.trials_dir.iterdir() if (owner := _owner(d)) is not None
-                       and owner[0] != os.getpid() and not _alive(*owner))
+        leftover = sum(disk.written_mb(d) for d in self.trials_dir.iterdir() if (owner := trial_owner(d)) is not None
+                       and owner[0] != os.getpid() and not alive(*owner))
         size, origin = disk.derived_budget(self.trials_dir, leftover)
         if size < self.config.disk_mb:
             raise SandboxInfraError(f"no room for one trial's disk ([sandbox.local] disk_mb = {self.config.disk_mb}): "
@@ -259,8 +258,8 @@ class LocalSandboxBackend:
                 trial_root = TrialRoot.from_json(json.loads((directory / TRIAL_FILE).read_text()))
             except (OSError, ValueError, KeyError):
                 continue
-            owner = _owner(directory)
-            if owner is None or trial_root.trial_id != trial_id or owner[0] == os.getpid() or _alive(*owner):
+            owner = trial_owner(directory)
+            if owner is None or trial_root.trial_id != trial_id or owner[0] == os.getpid() or alive(*owner):
                 continue
             try:
                 takeover = reattach.take_over(directory, trial_root.stack, trial_root.upper, directory / "root")
@@ -285,14 +284,14 @@ class LocalSandboxBackend:
         """Unmount and delete trial roots whose owning process is gone (a crashed run). Returns how many."""
         swept = 0
         for directory in self.trials_dir.iterdir():
-            owner = _owner(directory)
+            owner = trial_owner(directory)
             if owner is None:  # no owner yet (being opened), or already being torn down
                 try:
                     if time.time() - directory.stat().st_mtime < 600:
                         continue
                 except OSError:
                     continue
-            elif _alive(*owner):
+            elif alive(*owner):
                 continue
             remove_tree(directory)
             self._release_disk(directory)  # none held, unless the root was forgotten by its own process
@@ -309,48 +308,6 @@ class LocalSandboxBackend:
         if self._reaper.is_alive():
             self._teardown.put(None)
             self._reaper.join()
-
-
-def _owner(directory: Path) -> tuple[int, float] | None:
-    """The pid that owns the trial root in ``directory`` and when it wrote it (Unix seconds); None without one."""
-    try:
-        return int((directory / "owner").read_text()), (directory / "owner").stat().st_mtime
-    except (OSError, ValueError):
-        return None
-
-
-def _alive(pid: int, since: float | None = None) -> bool:
-    """Process ``pid`` is running (one we may not signal counts: it is not ours to sweep). A zombie is not: a
-    SIGKILLed owner whose parent has not reaped it yet (or whose parent died too, left to an init that reaps
-    late) holds nothing. With ``since`` (when the owner wrote its pid, Unix seconds) a process started after it
-    is another one that got the pid again."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc to read: the signal says whether it exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    if fields[0] in ("Z", "X"):
-        return False
-    if since is not None:
-        started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-        if started > since + 2.0:  # the stat's start time has a clock tick's resolution; mtimes may be coarser
-            return False
-    return True
-
-
-@functools.cache  # fixed while the machine runs: read once, not per trial root swept
-def _boot_time() -> float:
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return 0.0
 
 
 class LocalSandbox:

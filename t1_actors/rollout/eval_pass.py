@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from schemas import EvalResult, TrialEnded, TrialIssued, VerifierResult
-from t1_actors.rollout.trials import TrialRunner, play_all, resolved_by
+from t1_actors.rollout.play import play_all
+from t1_actors.rollout.trials import TrialRunner, resolved_by
 from t1_actors.stats import eval_reward, wilson_interval
 
 

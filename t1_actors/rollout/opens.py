@@ -14,8 +14,8 @@ attempts), as it does every infrastructure failure.
   backoff that doubles per failure (``backoff_s`` up to ``backoff_max_s``): a disk budget full of running trials
   frees up as they end, and meanwhile the controller does not issue a refused trial per round trip;
 - a refusal that frees up as other trials end (``WAITS_FOR_OTHERS``: the disk budget) is asked again, after the
-  backoff, while other sandboxes are held or being opened, for up to ``wait_s``: the trial waits for its share
-  instead of ending (an eval pass would otherwise lose tasks to a full budget, and its pairing with them);
+  backoff, for up to ``wait_s``: the trial waits for its share instead of ending (an eval pass would otherwise
+  lose tasks to a full budget, and its pairing with them);
 - ``limit`` failures in a row (no open succeeded in between) with no sandbox held or being opened end the run:
   every open fails, so nothing will free up. ``SandboxesUnavailable`` names the sandbox's last error and the fix.
 """
@@ -85,9 +85,9 @@ class SandboxOpens:
 
     def may_wait(self, error: str, waited_s: float) -> bool:
         """Whether a trial refused with ``error`` ``waited_s`` ago asks again: a refusal other trials' ends undo,
-        while others are held or on their way (called inside its ``turn``: ``pending`` counts it), within
-        ``wait_s``."""
-        return error.startswith(WAITS_FOR_OTHERS) and bool(self.held or self.pending > 1) and waited_s < self.wait_s
+        within ``wait_s``. The disk budget refuses only while other trials hold shares of it (the config check
+        refuses a budget below one trial's disk), this runner's or another's, open or being deleted."""
+        return error.startswith(WAITS_FOR_OTHERS) and waited_s < self.wait_s
 
     def succeeded(self, sandbox_id: str) -> None:
         self.held.add(sandbox_id)

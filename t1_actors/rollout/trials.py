@@ -2,8 +2,8 @@
 
 ``TrialRunner`` drives one trial from issue to decision through ``TrialPorts`` (the sampler, sandbox
 and verifier, whatever process they live in) and appends every fact to the log. ``run_batches``,
-``run_eval`` (``t1_actors.rollout.eval_pass``) and ``run_warmup`` are the three schedules the staleness controller
-runs; the admission rules themselves live in ``t1_actors.rollout.admission``.
+``run_eval`` (``t1_actors.rollout.eval_pass``) and ``run_warmup`` (``t1_actors.rollout.play``) are the three
+schedules the staleness controller runs; the admission rules themselves live in ``t1_actors.rollout.admission``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Container, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -115,9 +115,8 @@ class TrialRunner:
         """Open a trial's sandbox: None once open, or why the sandbox's infrastructure could not (the trial then
         ends as an infrastructure failure: ``end_unopened``). Throttled while opens fail (``rollout.opens``);
         ``sent(True)`` is called as a request goes out, ``sent(False)`` when it was refused. A refusal that other
-        trials' ends undo (the disk budget: ``opens.may_wait``) is asked again, after the backoff, while other
-        sandboxes are held or being opened, for up to ``opens.wait_s``: an eval pass keeps every task, a batch its
-        trial."""
+        trials' ends undo (the disk budget: ``opens.may_wait``) is asked again, after the backoff, for up to
+        ``opens.wait_s``: an eval pass keeps every task, a batch its trial."""
         first_refusal: float | None = None
         while True:
             async with self.opens.turn():
@@ -211,62 +210,6 @@ class TrialRunner:
             outcome.tito = tito.tito_metrics(outcome.chunks)
             outcome.oldest_version = min(t.policy_version for t in rollout.turns)
         return outcome
-
-
-async def play_once(runner: TrialRunner, task_id: str, split: str, *, assemble: bool, label: str = "",
-                    sample_index: int = 0, temperature: float | None = None) -> TrialOutcome:
-    """Issue one trial of a task, play it in a fresh sandbox, verify it, and always close the sandbox.
-
-    ``label`` names the eval pass the trial belongs to (``TrialIssued.label``); eval trials are seeded. A sandbox
-    that cannot be opened ends the trial as an infrastructure failure (``TrialRunner.end_unopened``)."""
-    trial_id = runner.new_trial_id(split)
-    await runner.ports.log(TrialIssued(trial_id=trial_id, task_id=task_id, split=split, label=label,
-                                       sample=sample_index, temperature=temperature,
-                                       policy_version_wanted=runner.ports.learner_version()))
-    unopened = await runner.open_sandbox(trial_id, task_id)
-    if unopened is not None:
-        outcome = await runner.end_unopened(trial_id, task_id, TrialRollout(), unopened, assemble=assemble)
-        outcome.sample = sample_index
-        return outcome
-    try:
-        rollout = await runner.play(trial_id, task_id, seeded=split == "eval", sample_index=sample_index,
-                                    temperature=temperature, trained=assemble)
-        outcome = await runner.finish(trial_id, task_id, rollout, assemble=assemble)
-        outcome.sample = sample_index
-        return outcome
-    finally:
-        await runner.close_sandbox(trial_id)
-
-
-async def play_all(runner: TrialRunner, task_ids: list[str], split: str, *, assemble: bool,
-                   concurrency: int, label: str = "", samples: int = 1, temperature: float | None = None,
-                   skip: Container[tuple[str, int]] = ()) -> list[TrialOutcome]:
-    """``play_once`` ``samples`` times for every task, at most ``concurrency`` at a time; not the (task, sample)
-    pairs in ``skip`` (played already)."""
-    outcomes: list[TrialOutcome] = []
-    limiter = trio.CapacityLimiter(concurrency)
-
-    async def one(task_id: str, sample_index: int) -> None:
-        async with limiter:
-            outcomes.append(await play_once(runner, task_id, split, assemble=assemble, label=label,
-                                            sample_index=sample_index, temperature=temperature))
-
-    async with trio.open_nursery() as nursery:
-        for sample_index in range(samples):
-            for task_id in task_ids:
-                if (task_id, sample_index) not in skip:
-                    nursery.start_soon(one, task_id, sample_index)
-    return outcomes
-
-
-async def run_warmup(runner: TrialRunner, task_ids: list[str], *, concurrency: int) -> list[str]:
-    """Offline trajectories for the critic's warm-up: train tasks played by the SFT policy, logged, not admitted."""
-    outcomes = await play_all(runner, task_ids, "warmup", assemble=True, concurrency=concurrency)
-    logged = [o for o in outcomes if o.chunks]
-    # one commit: a warm-up's trajectories are in the log all together or not at all (schedule: a restarted
-    # controller that finds them hands them to the critic instead of playing the warm-up again)
-    await runner.ports.log(*[tito.to_event(c, trial_id=o.trial_id, task_id=o.task_id) for o in logged for c in o.chunks])
-    return [o.trial_id for o in logged]
 
 
 @dataclass

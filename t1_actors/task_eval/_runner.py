@@ -25,6 +25,7 @@ from t1_actors.backends.sampler_backend import GenerateSpec
 from t1_actors.policy.generation import NO_PREFIX, Generation, TurnPrefix
 from t1_actors.rollout import ToolOutcome
 from t1_actors.rollout.inprocess import InProcessPorts
+from t1_actors.rollout.opens import SandboxUnavailable
 
 ORACLE_PATH = "/tmp/t1-oracle/solve.sh"
 
@@ -163,7 +164,7 @@ async def play_attempt(ports: EvalPorts, policy: Policy, task, attempt: int, run
     try:
         try:
             await ports.open_sandbox(trial_id, task.id)
-        except SandboxInfraError as exc:
+        except (SandboxInfraError, SandboxUnavailable) as exc:  # the in-process ports raise the latter
             await ports.log(TrialEnded(trial_id=trial_id, finish="infra_error", infra_error=str(exc),
                                        duration_s=time.monotonic() - start))
             return AttemptOutcome("infra_error", str(exc))
