@@ -3,6 +3,7 @@ statistics (pass@k, per-position rates) and summary keys (t1_actors.eval.skills)
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -163,6 +164,24 @@ def test_skill_report_pairs_the_best_passes_and_fills_every_key():
     assert report["pass_at_k"]["rl"][1] == pytest.approx(9 / 12) and set(report["pass_at_k"]["sft"]) == {1, 2}
     assert report["per_position"]["rl"] == {1: 1.0, 2: pytest.approx(5 / 6)}
     assert report["turns"]["sft"] == {"before": 2.0, "sft_best": 2.0}
+    assert report["eval_change_vs_sft_best_long"] is None  # no task of a long family
+
+
+def test_skill_report_pairs_the_long_tasks_alone():
+    """``eval_change_vs_sft_best_long``: the same pairing over the long families' eval tasks (ids
+    ``chain-...``, ``pipeline-...``, ``explore-...``); a short task's flip does not count there."""
+    tasks = ["chain-a1", "pipeline-b2", "explore-c3", "head_tail-d4", "recovery_seen-e5"]
+    sft_ok = {"chain-a1": True, "pipeline-b2": False, "explore-c3": True, "head_tail-d4": False,
+              "recovery_seen-e5": False}
+    rl_ok = {"chain-a1": True, "pipeline-b2": True, "explore-c3": False, "head_tail-d4": True,
+             "recovery_seen-e5": True}
+    events = (_pass("sft_best", 0.5, {t: [sft_ok[t]] for t in tasks})
+              + _pass("rl_best", 0.5, {t: [rl_ok[t]] for t in tasks}))
+    report = skill_report(EvalPasses.read(_Log(events)), run_temperature=1.0, recipe={})
+    every, long = report["eval_change_vs_sft_best"], report["eval_change_vs_sft_best_long"]
+    assert (every["tasks"], every["gained"], every["lost"]) == (5, 3, 1)
+    assert (long["tasks"], long["gained"], long["lost"]) == (3, 1, 1)
+    assert (long["resolved_before"], long["resolved_after"]) == (2, 2)
 
 
 def test_eval_change_pairs_the_labelled_before_and_after_passes():
@@ -237,3 +256,20 @@ def test_a_pass_played_twice_is_counted_once():
     assert eval_change(_Log(before + after_first + after)) == eval_change(_Log(before + after))
     # the order the passes were played in decides which play counts: the last one issued
     assert pass_at_k_curve(labelled_attempts(again + first)["rl_passk"]) == {1: 1.0, 2: 1.0}
+
+
+def test_a_seed_row_and_its_table_carry_the_long_tasks_comparison(tmp_path):
+    from t1_actors.job.seeds import markdown, seed_row
+
+    change = {"tasks": 48, "gained": 7, "lost": 0, "mcnemar_p": 0.0156, "reward_delta": 0.02,
+              "reward_delta_ci95": [0.0, 0.04], "resolved_before": 12, "resolved_after": 19}
+    summary = {"code": {"commit": "abcdef1234", "dirty": False},
+               "eval_sft_best": {"temperature": 0.25, "resolved_rate": 0.4},
+               "eval_rl_best": {"temperature": 0.25, "resolved_rate": 0.45},
+               "eval_change_vs_sft_best": {**change, "tasks": 160, "gained": 9, "lost": 3, "mcnemar_p": 0.146},
+               "eval_change_vs_sft_best_long": change}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    row = seed_row(0, tmp_path)
+    assert not row["beats_sft_best"] and row["long"] == {"tasks": 48, "gained": 7, "lost": 0, "mcnemar_p": 0.0156,
+                                                         "beats_sft_best": True}
+    assert "| 0 | 48 | 7 / 0 | 0.016 | yes |" in markdown([row])

@@ -3,6 +3,7 @@
 Keys, beside today's ``eval_before`` / ``eval_after`` / ``eval_change``:
 ``eval_sft_best`` / ``eval_rl_best`` (the eval shape plus ``temperature``), ``eval_change_vs_sft_best``
 (the RL policy at its best temperature against the SFT policy at its best, paired task by task),
+``eval_change_vs_sft_best_long`` (the same over the eval tasks of the long families only; None without any),
 ``temperature_grid`` {"sft": {T: rate}, "rl": {T: rate}} on the validation split, ``pass_at_k``
 {"sft": {k: rate}, "rl": {k: rate}}, ``per_position`` (composite tasks: the share of attempts whose i-th
 requirement passes, at each policy's best temperature), ``turns`` (mean assistant turns per eval trial of each
@@ -21,6 +22,7 @@ from typing import Any
 from schemas import EvalResult
 from t1_actors.eval.protocol import AT_RUN_TEMPERATURE, POLICIES, label
 from t1_actors.stats import first_attempts, labelled_attempts, paired_change, pass_at_k_curve, per_position_rates
+from t1_actors.tasks.synthetic import is_long_task
 
 
 def scored(e: EvalResult | None) -> dict[str, Any] | None:
@@ -80,10 +82,13 @@ def skill_report(passes: EvalPasses, *, run_temperature: float, recipe: dict[str
             entry["temperature"] = evals[name].temperature or run_temperature
             entry["label"] = name
         report[f"eval_{policy}_best"] = entry
-    report["eval_change_vs_sft_best"] = None
+    report["eval_change_vs_sft_best"] = report["eval_change_vs_sft_best_long"] = None
     if best["sft"] in attempts and best["rl"] in attempts:
-        report["eval_change_vs_sft_best"] = paired_change(first_attempts(attempts[best["sft"]]),
-                                                          first_attempts(attempts[best["rl"]])).as_dict()
+        sft, rl = first_attempts(attempts[best["sft"]]), first_attempts(attempts[best["rl"]])
+        report["eval_change_vs_sft_best"] = paired_change(sft, rl).as_dict()
+        long_sft, long_rl = ({t: o for t, o in outcomes.items() if is_long_task(t)} for outcomes in (sft, rl))
+        if set(long_sft) & set(long_rl):
+            report["eval_change_vs_sft_best_long"] = paired_change(long_sft, long_rl).as_dict()
     prefix = {policy: f"{policy}_val_T" for policy in POLICIES}
     report["temperature_grid"] = {
         policy: {name[len(prefix[policy]):]: e.resolved / max(e.n, 1) for name, e in sorted(evals.items())

@@ -55,6 +55,10 @@ def seed_row(seed: int, run_dir: Path) -> dict[str, Any]:
                            "sft_passes_from": summary.get("sft_passes_from")}
     if not (sft and rl and change):
         return {**row, "beats_sft_best": False, "missing": "the run has no RL-vs-SFT comparison (did it finish?)"}
+    if long := summary.get("eval_change_vs_sft_best_long"):  # the long families' eval tasks alone (issue 33)
+        row["long"] = {"tasks": long["tasks"], "gained": long["gained"], "lost": long["lost"],
+                       "mcnemar_p": long["mcnemar_p"],
+                       "beats_sft_best": long["gained"] > long["lost"] and long["mcnemar_p"] < ALPHA}
     return {**row, "sft_best_T": sft["temperature"], "sft_best_rate": sft["resolved_rate"],
             "rl_best_T": rl["temperature"], "rl_best_rate": rl["resolved_rate"], "tasks": change["tasks"],
             "gained": change["gained"], "lost": change["lost"], "mcnemar_p": change["mcnemar_p"],
@@ -90,6 +94,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                      f"{r['rl_best_rate']:.1%} ({r['rl_best_T']:g}) | {r['gained']} / {r['lost']} | "
                      f"{r['mcnemar_p']:.2g} | {r['reward_delta']:+.3f} ({low:+.3f} .. {high:+.3f}) | "
                      f"{'yes' if r['beats_sft_best'] else 'no'} | {commit} |")
+    long_rows = [r for r in rows if "long" in r]
+    if long_rows:  # the long families' eval tasks alone
+        lines += ["", "| seed | long tasks | gained / lost | McNemar p | beats SFT on them |", "|---|---|---|---|---|"]
+        lines += [f"| {r['seed']} | {r['long']['tasks']} | {r['long']['gained']} / {r['long']['lost']} | "
+                  f"{r['long']['mcnemar_p']:.2g} | {'yes' if r['long']['beats_sft_best'] else 'no'} |"
+                  for r in long_rows]
     return "\n".join(lines) + "\n"
 
 

@@ -133,5 +133,9 @@ def summarise(run_dir: Path, config, *, sft: dict, timings: dict, console, write
                     f"{s['resolved_rate']:.1%} -> {r['resolved_rate']:.1%}; {vs_best['gained']} gained, "
                     f"{vs_best['lost']} lost (exact McNemar p = {vs_best['mcnemar_p']:.3g}); reward change "
                     f"{vs_best['reward_delta']:+.3f} (95 % CI {low:+.3f} .. {high:+.3f})")
+    if long := summary.get("eval_change_vs_sft_best_long"):
+        say(console, f"  on the {long['tasks']} long tasks: {long['resolved_before']} -> {long['resolved_after']} "
+                    f"resolved; {long['gained']} gained, {long['lost']} lost (exact McNemar p = "
+                    f"{long['mcnemar_p']:.3g}); reward change {long['reward_delta']:+.3f}")
     say(console, f"summary: {run_dir / 'summary.json'}")
     return summary

@@ -44,13 +44,20 @@ TEST_FILE = "test_outputs.py"
 _MAX_ATTEMPTS = 500
 
 __all__ = ["EVAL_PERCENT", "FAMILIES", "LONG_FAMILIES", "available_families", "generate", "generate_composite",
-           "generate_nested", "generate_recovery", "split_of"]
+           "generate_nested", "generate_recovery", "is_long_task", "split_of"]
 
 
 def split_of(family: str, instruction: str) -> Split:
     """The split a task belongs to: a hash of its family and instruction, fixed for ever."""
     digest = hashlib.sha256(f"{family}\n{instruction}".encode()).digest()
     return "eval" if int.from_bytes(digest[:8], "big") % 100 < EVAL_PERCENT else "train"
+
+
+def is_long_task(task_id: str) -> bool:
+    """Whether ``task_id`` names a task of a long family: a synthetic task's id is ``<family>-<fingerprint>``
+    (``_task``), so a log's task ids tell the long tasks apart without the task set."""
+    family, sep, _ = task_id.rpartition("-")
+    return bool(sep) and family in LONG_FAMILIES
 
 
 def available_families(families: Iterable[str] | None = None) -> list[str]:
