@@ -56,12 +56,14 @@ def test_best_temperature_prefers_resolved_then_reward_then_the_run_temperature(
         EvalConfig(temperatures=[0.5, 0.5])
 
 
-def test_pass_k_subset_takes_the_skill_kinds_first():
+def test_pass_k_subset_takes_the_long_families_then_the_skill_kinds_first():
     class T:
         def __init__(self, i, family):
             self.id, self.family = i, family
     tasks = [T("s1", "head_tail"), T("c1", "composite3"), T("s2", "cleanup"), T("c2", "recovery_seen")]
     assert pass_k_subset(tasks, 3) == ["c1", "c2", "s1"]
+    tasks += [T("l1", "explore"), T("l2", "chain")]
+    assert pass_k_subset(tasks, 4) == ["l1", "l2", "c1", "c2"]
 
 
 def test_the_protocol_runs_each_pass_once_with_labels_and_common_random_numbers(trial_world):

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from schemas import EvalResult
 from t1_actors.rollout.eval_pass import EvalAttempt, run_eval
 from t1_actors.rollout.trials import TrialRunner
+from t1_actors.tasks.synthetic import LONG_FAMILIES
 
 POLICIES = ("sft", "rl")
 AT_RUN_TEMPERATURE = {"sft": "before", "rl": "after"}  # the labels summary.json has always read
@@ -48,8 +49,8 @@ class EvalConfig(BaseModel):
     temperatures: list[float] = Field([0.1, 0.25, 0.5, 0.7, 1.0], min_length=1,
                                       description="the grid each policy's best temperature is chosen from, on "
                                                   "the validation split")
-    pass_k_tasks: int = Field(32, ge=0, description="eval tasks of the pass@k curve (recovery and composite "
-                                                    "tasks first, in eval order); 0: no pass@k")
+    pass_k_tasks: int = Field(32, ge=0, description="eval tasks of the pass@k curve (long, then recovery and "
+                                                    "composite tasks first, in eval order); 0: no pass@k")
     pass_k_samples: int = Field(16, ge=1, description="attempts per pass@k task: pass@k for k = 1..this")
     probe_every: int = Field(0, ge=0, description="during RL, play the validation probe after every this many "
                                                   "learner steps (K = N, 2N, ..., not after RL's last step), "
@@ -115,11 +116,13 @@ SKILL_KINDS = ("recovery", "composite")  # task kinds whose skill SFT never demo
 
 
 def pass_k_subset(eval_tasks: Sequence, n: int) -> list[str]:
-    """The fixed pass@k tasks: the first ``n`` eval tasks of the skill kinds (recovery, composite), then
-    single-requirement ones, in eval order."""
-    skill = [t.id for t in eval_tasks if (t.family or "").startswith(SKILL_KINDS)]
-    single = [t.id for t in eval_tasks if not (t.family or "").startswith(SKILL_KINDS)]
-    return (skill + single)[:n]
+    """The fixed pass@k tasks: the first ``n`` eval tasks of the long families (what a long-horizon run is
+    about), then of the skill kinds (recovery, composite), then single-requirement ones, each in eval order."""
+    def rank(task) -> int:
+        family = task.family or ""
+        return 0 if family in LONG_FAMILIES else 1 if family.startswith(SKILL_KINDS) else 2
+
+    return [t.id for t in sorted(eval_tasks, key=rank)][:n]  # sorted is stable: eval order within a rank
 
 
 async def evaluate_policy(runner: TrialRunner, policy: str, *, validation_ids: list[str], eval_ids: list[str],
