@@ -248,7 +248,7 @@ class StalenessActor(Actor):
         stop_id = special_token_ids(self.tokenizer)["<|im_end|>"]
         runner = TrialRunner(ActorPorts(self, self.campaign, stop_id), self.tasks, self.tokenizer,
                              self.campaign.rollout_limits(),
-                             run_tag=f"{self.ctx.run_id}-{self.name}-{int(time.time()) % 100000}",
+                             run_tag=f"{self.ctx.run_id}-{self.name}",
                              tito_repairs=self.campaign.tito_repairs,
                              routing_in_turns=self.staleness.resume_after_restart,
                              max_open_failures=self.staleness.max_open_failures)

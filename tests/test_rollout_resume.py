@@ -119,6 +119,15 @@ def world(trial_world, tmp_path):
     writer.close()  # one writer per segment and process: the next test's log may get this store's id
 
 
+def test_two_runners_of_one_run_tag_never_issue_the_same_trial_id(world):
+    """Two runs of one config started in the same second (two controllers, two `t1-actor eval`s) share the
+    host's sandbox base dir, where the trial id names the root: their ids must differ."""
+    _, runner_of, _, _ = world
+    first, second = runner_of(None, "long-staleness-0"), runner_of(None, "long-staleness-0")
+    ids = [runner.new_trial_id(split) for runner in (first, second) for split in ("train", "eval") for _ in range(3)]
+    assert len(set(ids)) == len(ids) and all(i.startswith("long-staleness-0-") for i in ids)
+
+
 async def _trial_events_of(log):
     async def trial_events(trial_id):
         return [e for _, e in await log.aby_trial(trial_id)]

@@ -14,6 +14,7 @@ from t1_actors.backends.local_sandbox import (
     LocalSandboxConfig,
     SandboxBuildError,
     SandboxInfraError,
+    locate_trial,
 )
 from t1_actors.tasks.model import Environment, FileSpec, Limits, Task
 from t1_actors.tasks.model import Tests as TaskTests
@@ -138,6 +139,18 @@ def test_trials_are_isolated_from_each_other(backend):
     with backend.open(task, "one") as one, backend.open(task, "two") as two:
         one.exec("echo mine > /app/secret")
         assert two.exec("cat /app/secret").exit_code != 0
+
+
+def test_a_trial_id_open_twice_on_one_base_dir_is_never_located(backend, tmp_path):
+    """Two runs sharing a base dir that issue one trial id (they did: run tags from the clock's second) must not
+    have either root scored as the other's: the verifier's lookup refuses, as an infrastructure error."""
+    task = make_task("twice")
+    with backend.open(task, "same-id") as first:
+        assert locate_trial(backend.base, "same-id").upper.root() == first.trial_root.upper.root()
+        second = LocalSandboxBackend(LocalSandboxConfig(base_dir=str(backend.base), pids_max=64))
+        with second.open(task, "same-id"), pytest.raises(SandboxInfraError, match="not unique"):
+            locate_trial(backend.base, "same-id")
+        second.close()
 
 
 def test_close_removes_the_root_and_later_calls_are_infra_errors(backend):

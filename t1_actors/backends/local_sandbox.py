@@ -124,13 +124,19 @@ def locate_trial(base_dir: str | os.PathLike, trial_id: str) -> TrialRoot:
     how the verifier actor finds what the sandbox actor built. SandboxInfraError when there is none."""
     trials = Path(base_dir) / "trials"
     prefix = _SAFE.sub("_", trial_id)[:64] + "-"
+    found = []
     for directory in trials.glob(f"{glob.escape(prefix)}*"):
         try:
             data = json.loads((directory / TRIAL_FILE).read_text())
         except (OSError, ValueError):
             continue
         if data.get("trial_id") == trial_id:
-            return TrialRoot.from_json(data)
+            found.append(data)
+    if len(found) > 1:  # two runs issued one id: scoring either root could score the other run's work
+        raise SandboxInfraError(f"{len(found)} open sandboxes of trial {trial_id} under {trials}: the trial id is "
+                                "not unique on this host, so none of them is scored")
+    if found:
+        return TrialRoot.from_json(found[0])
     raise SandboxInfraError(f"no open sandbox of trial {trial_id} under {trials}; the verifier must run on the "
                             f"sandbox's host with the same [sandbox.local] base_dir, before SandboxClose")
 

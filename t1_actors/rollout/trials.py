@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -105,9 +106,13 @@ class TrialRunner:
         self.render = render_chat if tools is None else partial(self.tokenizer.apply_chat_template, tools=tools)
         self.tito_repairs = tuple(tito_repairs)  # () = exact sampler contexts (split where not strict)
         self._ids = itertools.count()
-        self.run_tag = run_tag
+        # trial ids name sandbox roots in a base dir every run on the host shares: two runners (two runs of
+        # one config started in the same second, two `t1-actor eval`s) must never issue the same id, or one
+        # run's verifier scores the other's root
+        self.run_tag = f"{run_tag}-{secrets.token_hex(4)}"
 
     def new_trial_id(self, split: str) -> str:
+        """``<run_tag>-<8 random hex digits>-<split>-<n>``: unique across runners, processes and hosts."""
         return f"{self.run_tag}-{split}-{next(self._ids):06d}"
 
     async def open_sandbox(self, sandbox_id: str, task_id: str, *,
