@@ -213,7 +213,9 @@ def test_an_eval_pass_where_every_open_fails_stops_too(world):
         raise AssertionError("run_eval returned")
 
     ports, errors = trio.run(main)
-    assert [type(e) for e in errors] == [SandboxesUnavailable] and ports.refused == 3 and not _of(ports, EvalResult)
+    # the third refusal ends the pass; an open already sent by then is answered first (opens are shielded)
+    assert [type(e) for e in errors] == [SandboxesUnavailable] and 3 <= ports.refused <= 4
+    assert not _of(ports, EvalResult)
 
 
 def _two_at_most(ports, trial_id, task_id):

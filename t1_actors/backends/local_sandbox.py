@@ -33,11 +33,9 @@ import glob
 import json
 import os
 import queue
-import re
 import secrets
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +49,7 @@ from t1_actors.backends._sandbox.layers import Layer, RootStack, make_skeleton, 
 from t1_actors.backends._sandbox.owner import alive, trial_owner
 from t1_actors.backends._sandbox.rootfs import RootFS
 from t1_actors.backends._sandbox.runner import BASE_ENV, ExecLimits, bwrap_path, run_in_root
+from t1_actors.backends._sandbox.trial_root import _SAFE, TRIAL_FILE, TrialRoot, locate_trial
 
 if TYPE_CHECKING:
     from t1_actors.tasks.model import Task
@@ -58,8 +57,6 @@ if TYPE_CHECKING:
 __all__ = ["LocalSandboxConfig", "LocalSandboxBackend", "LocalSandbox", "TrialRoot", "locate_trial", "ExecResult",
            "SandboxInfraError", "SandboxBuildError", "DiskBudgetExceeded", "Sandbox", "SandboxBackend", "BuildReport"]
 
-_SAFE = re.compile(r"[^A-Za-z0-9._-]")
-TRIAL_FILE = "trial.json"  # in each trial's directory: its TrialRoot, for the verifier
 
 
 class LocalSandboxConfig(BaseModel):
@@ -97,48 +94,6 @@ class LocalSandboxConfig(BaseModel):
                              f"{self.disk_mb}): raise disk_total_mb to at least {self.disk_mb} (times the trials "
                              f"run at once), or lower disk_mb")
         return self
-
-
-@dataclass(frozen=True)
-class TrialRoot:
-    """What the verifier needs to stack its own view on a trial's final root (same host, shared disk)."""
-
-    trial_id: str
-    stack: RootStack
-    upper: Layer
-    workdir: str
-    env: dict[str, str]
-
-    def to_json(self) -> dict:
-        return {"trial_id": self.trial_id, "stack": self.stack.to_json(), "upper": str(self.upper.path),
-                "workdir": self.workdir, "env": self.env}
-
-    @classmethod
-    def from_json(cls, data: dict) -> TrialRoot:
-        return cls(data["trial_id"], RootStack.from_json(data["stack"]), Layer(Path(data["upper"])),
-                   data["workdir"], data["env"])
-
-
-def locate_trial(base_dir: str | os.PathLike, trial_id: str) -> TrialRoot:
-    """The root of an open trial of the local backend whose base dir is ``base_dir`` (any process, same host):
-    how the verifier actor finds what the sandbox actor built. SandboxInfraError when there is none."""
-    trials = Path(base_dir) / "trials"
-    prefix = _SAFE.sub("_", trial_id)[:64] + "-"
-    found = []
-    for directory in trials.glob(f"{glob.escape(prefix)}*"):
-        try:
-            data = json.loads((directory / TRIAL_FILE).read_text())
-        except (OSError, ValueError):
-            continue
-        if data.get("trial_id") == trial_id:
-            found.append(data)
-    if len(found) > 1:  # two runs issued one id: scoring either root could score the other run's work
-        raise SandboxInfraError(f"{len(found)} open sandboxes of trial {trial_id} under {trials}: the trial id is "
-                                "not unique on this host, so none of them is scored")
-    if found:
-        return TrialRoot.from_json(found[0])
-    raise SandboxInfraError(f"no open sandbox of trial {trial_id} under {trials}; the verifier must run on the "
-                            f"sandbox's host with the same [sandbox.local] base_dir, before SandboxClose")
 
 
 class LocalSandboxBackend:

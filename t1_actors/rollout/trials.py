@@ -128,7 +128,11 @@ class TrialRunner:
                 if sent is not None:
                     sent(True)
                 try:
-                    await self.ports.open_sandbox(sandbox_id, task_id)
+                    # shielded: a trial cut between the request and its answer left its continuation guessing
+                    # whether the sandbox exists (it guessed yes, and played and verified a refused one); the
+                    # cut lands at the next checkpoint, with open_sent true only for a sandbox that opened
+                    with trio.CancelScope(shield=True):
+                        await self.ports.open_sandbox(sandbox_id, task_id)
                 except SandboxUnavailable as error:
                     if sent is not None:
                         sent(False)  # nothing opened: cut while it waits to ask again, a continuation opens it
