@@ -58,7 +58,6 @@ __all__ = ["LocalSandboxConfig", "LocalSandboxBackend", "LocalSandbox", "TrialRo
            "SandboxInfraError", "SandboxBuildError", "DiskBudgetExceeded", "Sandbox", "SandboxBackend", "BuildReport"]
 
 
-
 class LocalSandboxConfig(BaseModel):
     """The ``[sandbox.local]`` section of the run config. Per-command limits come from each task's Limits."""
 

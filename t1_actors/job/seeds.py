@@ -47,6 +47,11 @@ def seed_config(config, *, seed: int, run_dir: Path, base: Path | None, reuse_sf
     return parse_config(data, f"seed {seed}")
 
 
+def beats(change: dict[str, Any]) -> bool:
+    """A paired comparison's verdict: more gained than lost, and exact McNemar p < ALPHA."""
+    return change["gained"] > change["lost"] and change["mcnemar_p"] < ALPHA
+
+
 def seed_row(seed: int, run_dir: Path) -> dict[str, Any]:
     """One seed's row, from its summary.json."""
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -57,13 +62,12 @@ def seed_row(seed: int, run_dir: Path) -> dict[str, Any]:
         return {**row, "beats_sft_best": False, "missing": "the run has no RL-vs-SFT comparison (did it finish?)"}
     if long := summary.get("eval_change_vs_sft_best_long"):  # the long families' eval tasks alone (issue 33)
         row["long"] = {"tasks": long["tasks"], "gained": long["gained"], "lost": long["lost"],
-                       "mcnemar_p": long["mcnemar_p"],
-                       "beats_sft_best": long["gained"] > long["lost"] and long["mcnemar_p"] < ALPHA}
+                       "mcnemar_p": long["mcnemar_p"], "beats_sft_best": beats(long)}
     return {**row, "sft_best_T": sft["temperature"], "sft_best_rate": sft["resolved_rate"],
             "rl_best_T": rl["temperature"], "rl_best_rate": rl["resolved_rate"], "tasks": change["tasks"],
             "gained": change["gained"], "lost": change["lost"], "mcnemar_p": change["mcnemar_p"],
             "reward_delta": change["reward_delta"], "reward_delta_ci95": change["reward_delta_ci95"],
-            "beats_sft_best": change["gained"] > change["lost"] and change["mcnemar_p"] < ALPHA}
+            "beats_sft_best": beats(change)}
 
 
 def run_once(config, run_dir: Path, title: str, *, console, write_report=None) -> bool:
