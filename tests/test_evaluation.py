@@ -202,7 +202,7 @@ def test_sft_passes_from_a_warm_start_are_refused_unless_the_draws_match(tmp_pat
     import re
     from pathlib import Path
 
-    from t1_actors.job.main import load_campaign_config
+    from t1_actors.job.main import RunLocationError, load_campaign_config, run_campaign
     from t1_actors.job.sft import check_warm_start_passes
     from t1_actors.runtime.config import ConfigError
 
@@ -220,6 +220,12 @@ def test_sft_passes_from_a_warm_start_are_refused_unless_the_draws_match(tmp_pat
     (previous / "config.resolved.json").write_text(json.dumps(theirs))
     with pytest.raises(ValueError, match=r"\[eval\] temperatures = \[0.5, 1.0\]"):
         check_warm_start_passes(previous, config)
+    # `t1-actor launch` checks it before anything is built or written (the CLI's "config error")
+    fresh = tmp_path / "fresh"
+    path.write_text(re.sub(r'(?m)^dir = .*$', f'dir = "{fresh}"', path.read_text()))
+    with pytest.raises(RunLocationError, match=r"\[eval\] temperatures = \[0.5, 1.0\]"):
+        run_campaign(load_campaign_config(path))
+    assert not fresh.exists()
     # the context strategy and the sampler's precision decide where a trial ends and what it draws: no sharing
     for section, key, value in (("campaign", "context_strategy", "window"), ("sampler", "dtype", "bfloat16")):
         other = config.to_jsonable()

@@ -90,6 +90,17 @@ def check_oracle_pool(config) -> None:
                                "another), or unset it (nothing was touched)")
 
 
+def check_warm_start(config) -> None:
+    """``[eval] sft_passes = "warm_start"``: the warm-start run's SFT passes are this run's (same draws), checked
+    before anything is built or written."""
+    campaign = config.section(CampaignConfig)
+    if campaign.warm_start_from is not None and config.section(EvalConfig).sft_passes == "warm_start":
+        try:
+            check_warm_start_passes(Path(campaign.warm_start_from), config)
+        except ValueError as error:
+            raise RunLocationError(str(error)) from None
+
+
 def check_resumable(config) -> Resume:
     """``--resume``: the run directory's config and state, checked before anything starts (``job.resume``)."""
     try:
@@ -155,6 +166,7 @@ def run_campaign(config, *, console=None, write_report=None, hosts: set[str] | N
         check_run_location(config)
     if state is None or not state.prepared:
         check_oracle_pool(config)
+        check_warm_start(config)
     run_dir.mkdir(parents=True, exist_ok=True)
     record_log_location(run_dir, config.section(StorageConfig).url)
     started = time.monotonic()
@@ -205,9 +217,7 @@ def _prepare(config, run_dir: Path, campaign: CampaignConfig, console, timings: 
     console.log(f"corpus: SFT on {len(tasks.sft)} tasks, RL on {len(tasks.rl)}, {len(tasks.validation)} validation "
                 f"and {len(tasks.eval)} eval tasks")
     if campaign.warm_start_from is not None:
-        check_warm_start_tasks(Path(campaign.warm_start_from), tasks)
-        if config.section(EvalConfig).sft_passes == "warm_start":
-            check_warm_start_passes(Path(campaign.warm_start_from), config)
+        check_warm_start_tasks(Path(campaign.warm_start_from), tasks)  # its passes: check_warm_start, before
         tokenizer, policy, sft = reuse_warm_start(Path(campaign.warm_start_from), run_dir)
         config = _with_vocab(config, tokenizer.vocab_size)
         if policy.config != config.section(ModelConfig):
