@@ -49,7 +49,7 @@ from t1_actors.backends._sandbox.layers import Layer, RootStack, make_skeleton, 
 from t1_actors.backends._sandbox.owner import alive, trial_owner
 from t1_actors.backends._sandbox.rootfs import RootFS
 from t1_actors.backends._sandbox.runner import BASE_ENV, ExecLimits, bwrap_path, run_in_root
-from t1_actors.backends._sandbox.trial_root import _SAFE, TRIAL_FILE, TrialRoot, locate_trial
+from t1_actors.backends._sandbox.trial_root import TRIAL_FILE, TrialRoot, locate_trial, trial_dir_prefix
 
 if TYPE_CHECKING:
     from t1_actors.tasks.model import Task
@@ -180,7 +180,7 @@ class LocalSandboxBackend:
 
     def open(self, task: Task, trial_id: str) -> LocalSandbox:
         image = self.image(task)
-        directory = self.trials_dir / f"{_SAFE.sub('_', trial_id)[:64]}-{secrets.token_hex(4)}"
+        directory = self.trials_dir / f"{trial_dir_prefix(trial_id)}{secrets.token_hex(4)}"
         stack = RootStack(self.base_stack.skeleton, (image.layer, *self.base_stack.layers), self.base_stack.system_dirs)
         if self.disk_budget is not None:  # before anything is made: a refused trial leaves nothing behind
             self.disk_budget.reserve(directory.name, self.config.disk_mb, trial_id)
@@ -212,7 +212,7 @@ class LocalSandboxBackend:
         command it was running, if any (``_sandbox/reattach.py``). None when there is no such root; a root that
         cannot be recovered is deleted and SandboxInfraError says why. The root's disk counts against the disk
         budget (its size, as it was made), even past the budget: it exists already."""
-        prefix = _SAFE.sub("_", trial_id)[:64] + "-"
+        prefix = trial_dir_prefix(trial_id)
         for directory in self.trials_dir.glob(f"{glob.escape(prefix)}*"):
             try:
                 trial_root = TrialRoot.from_json(json.loads((directory / TRIAL_FILE).read_text()))

@@ -7,21 +7,15 @@ this run's leftovers); a pid counts as the same process only with the same start
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_SAFE = re.compile(r"[^A-Za-z0-9._-]")  # how the local sandbox names a trial's directory and cgroups
+from t1_actors.backends._sandbox.owner import alive
+from t1_actors.backends._sandbox.trial_root import trial_dir_prefix
+
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _start_time(pid: int) -> str | None:
@@ -65,7 +59,7 @@ def leftovers(trial_ids: list[str], seen_pids: dict[int, str], run_dir: Path, sa
     """The run's trial roots, mounts and cgroups present now: a trial root under the sandbox's ``trials/``,
     a mount of a trial root or inside the run directory, a command cgroup of a trial
     (``t1-sandbox/<trial dir>-<pid>-<n>``) or of one of the run's verify servers (``verify-<pid>-<n>``)."""
-    prefixes = tuple(_SAFE.sub("_", t)[:64] + "-" for t in trial_ids)
+    prefixes = tuple(trial_dir_prefix(t) for t in trial_ids)
     verify = tuple(f"verify-{pid}-" for pid in seen_pids)
     trials = sandbox_dir / "trials"
     out: dict[str, list[str]] = {"trial roots": [], "mounts": [], "cgroups": []}
@@ -95,12 +89,12 @@ def find_orphans(seen: dict[int, str], trial_ids: list[str], run_dir: Path, sand
     found.processes_tracked, found.trials_checked = len(seen), len(trial_ids)
     mine = _ancestors(os.getpid())
     for pid, start in seen.items():
-        if pid not in mine and _start_time(pid) == start and _alive(pid):
+        if pid not in mine and _start_time(pid) == start and alive(pid):
             found.left.append(f"process {pid}: {_cmdline(pid)}")
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) not in mine and int(entry.name) not in seen:
             line = _cmdline(int(entry.name))
-            if str(run_dir) in line and "t1_actors" in line and _alive(int(entry.name)):
+            if str(run_dir) in line and "t1_actors" in line and alive(int(entry.name)):
                 found.left.append(f"process {entry.name}: {line}")
     for what, items in leftovers(trial_ids, seen, run_dir, sandbox_dir, found).items():
         found.left += [f"{what[:-1]} {item}" for item in items]

@@ -13,7 +13,8 @@ import os
 import signal
 import time
 
-from tools.chaos._leftovers import _alive, _tree
+from t1_actors.backends._sandbox.owner import alive
+from tools.chaos._leftovers import _tree
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -44,6 +45,6 @@ def kill_campaign(launcher_pid: int, *, wait_s: float = 30.0) -> dict[int, str]:
     for pid in stopped:
         _signal(pid, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
-    while any(_alive(pid) for pid in stopped if pid != launcher_pid) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in stopped if pid != launcher_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     return stopped

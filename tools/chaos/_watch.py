@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tools.chaos._leftovers import _alive
+from t1_actors.backends._sandbox.owner import alive
 
 PHASES = ("eval", "warm-up", "RL", "final eval")
 SETTLE_S = 2.0  # a fault hits a process that has been serving this long (past its setup, doing work)
@@ -68,4 +68,4 @@ class _Watch:
         pid = self.spawned.get(role)
         if pid is None or pid not in self.serving or time.monotonic() - self.serving[pid] < SETTLE_S:
             return None
-        return pid if _alive(pid) else None
+        return pid if alive(pid) else None

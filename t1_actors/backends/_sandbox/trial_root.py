@@ -42,11 +42,17 @@ class TrialRoot:
                    data["workdir"], data["env"])
 
 
+def trial_dir_prefix(trial_id: str) -> str:
+    """How a trial's directory (and its cgroups) is named, before its random suffix: the id with anything but
+    ``[A-Za-z0-9._-]`` replaced by ``_``, cut at 64 characters, then ``-``."""
+    return _SAFE.sub("_", trial_id)[:64] + "-"
+
+
 def locate_trial(base_dir: str | os.PathLike, trial_id: str) -> TrialRoot:
     """The root of an open trial of the local backend whose base dir is ``base_dir`` (any process, same host):
     how the verifier actor finds what the sandbox actor built. SandboxInfraError when there is none."""
     trials = Path(base_dir) / "trials"
-    prefix = _SAFE.sub("_", trial_id)[:64] + "-"
+    prefix = trial_dir_prefix(trial_id)
     found = []
     for directory in trials.glob(f"{glob.escape(prefix)}*"):
         with contextlib.suppress(OSError, ValueError):
