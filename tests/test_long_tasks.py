@@ -16,7 +16,7 @@ from t1_actors.tasks.synthetic._draft import NAMES, WORDS
 
 LONG = sorted(LONG_FAMILIES)
 TOOL_OUTPUT_CHARS = 240  # the harness's default cut ([campaign] tool_output_chars)
-SHELL_WORDS = {"echo", "cat", "cp", "mkdir", "ls", "grep", "-l"}  # the programs the oracles run, known to any agent
+SHELL_WORDS = {"echo", "cat", "cp", "mkdir", "ls", "-d", "grep", "-l"}  # the programs the oracles run, known to any agent
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +188,17 @@ def test_explore_copies_in_the_order_grep_lists(outcomes):
                 if command.startswith("grep"):
                     listed += result.stdout.split()
             assert listed == [c.split()[1] for c in commands if c.startswith("cp ")], task.id
+
+
+def test_explore_greps_each_directory_its_listing_printed_whole(outcomes):
+    """What a command copies from an output is the same text there: each directory the oracle greps was printed
+    whole (``/app/R/D/``) by the listing before it, not as a bare name the policy would have to spell anew."""
+    for task, label, results, _ in outcomes:
+        if label == "oracle" and task.family == "explore":
+            commands = task.oracle.commands
+            listing = results[commands.index(next(c for c in commands if c.startswith("ls ")))].stdout.split()
+            greps = [c.split()[-1].removesuffix("*") for c in commands if c.startswith("grep")]
+            assert greps and greps == listing, (task.id, greps, listing)
 
 
 def test_t1_audit_passes_one_task_of_each_long_family():

@@ -10,12 +10,14 @@ start, and the rest is read along the way, so no policy can write the commands f
   the next stage, or ``end``; each stage filters the previous stage's output into a new directory, under its
   own file's name (so its input is named by the stage file read two steps before). One check per stage's
   output, and one that no decoy stage ran.
-- ``explore``: a tree whose subdirectories are found by ``ls`` and whose files holding a word are found by
+- ``explore``: a tree whose subdirectories are found by ``ls -d`` and whose files holding a word are found by
   ``grep -l`` per subdirectory; each such file is copied out. One check per file copied.
 
 Copyability, as in the package docstring: what a command copies from an output is the same token there
-(whole paths ``/app/D/plum.txt``, quoted words ``'song'``, filters verbatim). Every output an oracle prints
-is a few lines, under the harness's 240 characters (``tool_output_chars``), so nothing the agent needs is cut.
+(whole paths ``/app/D/plum.txt``, quoted words ``'song'``, filters verbatim). A bare name is not: ``ls /app/D``
+prints ``plum`` (``pl um``), a path spells it ``/plum`` (one token with ``[campaign] tokenizer_path_components``).
+Every output an oracle prints is a few lines, under the harness's 240 characters (``tool_output_chars``), so
+nothing the agent needs is cut.
 Stage names, filters, words and files after the first step never appear in the instruction.
 
 These families are not in the default set (``FAMILIES``): a run asks for them by name (``[tasks] families``).
@@ -168,8 +170,11 @@ def pipeline(rng: random.Random) -> Draft:
 
 
 def explore(rng: random.Random) -> Draft:
-    """Find the files holding a word in a tree of 2-3 subdirectories (``ls``, then ``grep -l`` in each), and
-    copy each one into a new directory: every file to copy is only known from a listing."""
+    """Find the files holding a word in a tree of 2-3 subdirectories (``ls -d``, then ``grep -l`` in each), and
+    copy each one into a new directory: every file to copy is only known from a listing. ``ls -d /app/R/*/``
+    prints each subdirectory as a whole path, the tokens the next ``grep`` copies (a plain ``ls`` prints bare
+    names, which the SFT policy never mapped to their path tokens: 50 % of its explore turns right,
+    teacher-forced, on long.toml's validation split; docs/long_horizons.md)."""
     subdirs = rng.randint(2, 3)
     per_dir = [rng.randint(2, 3) for _ in range(subdirs)]
     matching = sum(per_dir)
@@ -191,7 +196,7 @@ def explore(rng: random.Random) -> Draft:
         lines = [" ".join(rng.choice(plain) for _ in range(rng.randint(1, 2))) for _ in range(rng.randint(1, 3))]
         files[f"/app/{root}/{rng.choice(dirs)}/{stem}.txt"] = text(lines)
     copies = {path.rsplit("/", 1)[1]: path for paths in found.values() for path in paths}
-    commands = [f"mkdir /app/{target}", f"ls /app/{root}"]
+    commands = [f"mkdir /app/{target}", f"ls -d /app/{root}/*/"]
     for d in dirs:
         commands.append(f"grep -l '{word}' /app/{root}/{d}/*")
         commands += [f"cp {path} /app/{target}/" for path in sorted(found[d])]
