@@ -17,7 +17,6 @@ from t1_actors.backends._sandbox.trial_root import trial_dir_prefix
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-
 def _start_time(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
