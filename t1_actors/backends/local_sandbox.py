@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import glob
 import json
 import os
 import queue
@@ -49,7 +48,7 @@ from t1_actors.backends._sandbox.layers import Layer, RootStack, make_skeleton, 
 from t1_actors.backends._sandbox.owner import alive, trial_owner
 from t1_actors.backends._sandbox.rootfs import RootFS
 from t1_actors.backends._sandbox.runner import BASE_ENV, ExecLimits, bwrap_path, run_in_root
-from t1_actors.backends._sandbox.trial_root import TRIAL_FILE, TrialRoot, locate_trial, trial_dir_prefix
+from t1_actors.backends._sandbox.trial_root import TRIAL_FILE, TrialRoot, locate_trial, trial_dir_prefix, trial_roots
 
 if TYPE_CHECKING:
     from t1_actors.tasks.model import Task
@@ -212,14 +211,9 @@ class LocalSandboxBackend:
         command it was running, if any (``_sandbox/reattach.py``). None when there is no such root; a root that
         cannot be recovered is deleted and SandboxInfraError says why. The root's disk counts against the disk
         budget (its size, as it was made), even past the budget: it exists already."""
-        prefix = trial_dir_prefix(trial_id)
-        for directory in self.trials_dir.glob(f"{glob.escape(prefix)}*"):
-            try:
-                trial_root = TrialRoot.from_json(json.loads((directory / TRIAL_FILE).read_text()))
-            except (OSError, ValueError, KeyError):
-                continue
+        for directory, trial_root in trial_roots(self.trials_dir, trial_id):
             owner = trial_owner(directory)
-            if owner is None or trial_root.trial_id != trial_id or owner[0] == os.getpid() or alive(*owner):
+            if owner is None or owner[0] == os.getpid() or alive(*owner):
                 continue
             try:
                 takeover = reattach.take_over(directory, trial_root.stack, trial_root.upper, directory / "root")

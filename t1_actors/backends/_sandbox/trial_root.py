@@ -7,11 +7,11 @@ root. A trial id must name one open root on a base dir (``locate_trial`` refuses
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,16 +48,23 @@ def trial_dir_prefix(trial_id: str) -> str:
     return _SAFE.sub("_", trial_id)[:64] + "-"
 
 
+def trial_roots(trials_dir: Path, trial_id: str) -> Iterator[tuple[Path, TrialRoot]]:
+    """Each directory under ``trials_dir`` that records a root of ``trial_id``, with that root (a directory
+    whose ``trial.json`` is missing, unreadable or another trial's is passed over)."""
+    for directory in trials_dir.glob(f"{glob.escape(trial_dir_prefix(trial_id))}*"):
+        try:
+            root = TrialRoot.from_json(json.loads((directory / TRIAL_FILE).read_text()))
+        except (OSError, ValueError, KeyError):
+            continue
+        if root.trial_id == trial_id:
+            yield directory, root
+
+
 def locate_trial(base_dir: str | os.PathLike, trial_id: str) -> TrialRoot:
     """The root of an open trial of the local backend whose base dir is ``base_dir`` (any process, same host):
     how the verifier actor finds what the sandbox actor built. SandboxInfraError when there is none."""
     trials = Path(base_dir) / "trials"
-    prefix = trial_dir_prefix(trial_id)
-    found = []
-    for directory in trials.glob(f"{glob.escape(prefix)}*"):
-        with contextlib.suppress(OSError, ValueError):
-            if (data := json.loads((directory / TRIAL_FILE).read_text())).get("trial_id") == trial_id:
-                found.append(TrialRoot.from_json(data))
+    found = [root for _, root in trial_roots(trials, trial_id)]
     if len(found) == 1:
         return found[0]
     if found:  # two runs issued one id: scoring either root could score the other run's work
