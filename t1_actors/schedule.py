@@ -53,8 +53,9 @@ class CampaignConfig(BaseModel):
                                                     "of training t1's BPE: its template renders SFT chats (with "
                                                     "reasoning, t1_actors.warmstart.chats) and every prompt; [model] "
                                                     "vocab_size becomes its size")
-    sft_steps: int | None = Field(600, gt=0, description="SFT optimiser steps (None: train until sft_seconds); "
-                                                        "a step budget makes two runs of one seed the same")
+    sft_steps: int | None = Field(600, gt=0, description="SFT optimiser steps (after sft_short_steps, if any; None: "
+                                                        "train until sft_seconds); a step budget makes two runs of "
+                                                        "one seed the same")
     sft_seconds: float = Field(1800.0, gt=0, description="upper bound on SFT's wall time (the whole budget when "
                                                          "sft_steps is None)")
     sft_batch_size: int = Field(32, gt=0, description="examples per SFT optimiser step")
@@ -65,16 +66,18 @@ class CampaignConfig(BaseModel):
     sft_anchor_every: int = Field(2, ge=0, description="every n-th SFT step trains on one fixed anchor batch "
                                                        "(0: never); see warmstart.supervised_finetune")
     sft_anchor_phases: Literal["all", "short"] = Field("all", description="where the anchor steps are: 'all' of "
-                                                       "SFT, or its 'short' phase only (with sft_short_first: the "
-                                                       "mixed phase then draws every batch fresh)")
+                                                       "SFT, or its short phase only (with sft_short_steps: the "
+                                                       "phase on all chats then draws every batch fresh)")
     sft_length_buckets: int = Field(0, ge=0, description="> 0: each SFT batch is drawn from one of this many "
                                                          "groups of oracle chats of similar length, so it pads to "
                                                          "about its own length (0: from the whole pool)")
-    sft_short_first: float = Field(0.0, ge=0, le=1, description="> 0: this share of SFT's first steps draws only "
-                                                                "from the shorter half of the length buckets, the "
-                                                                "rest from all (short chats first: the policy learns "
-                                                                "to copy there; needs sft_length_buckets >= 2); 0: "
-                                                                "all from the start")
+    sft_short_steps: int = Field(0, ge=0, description="> 0: SFT starts with a phase of this many steps on the shorter "
+                                                      "half of the length buckets alone (the single-turn chats), "
+                                                      "with its own warm-up and cosine, before sft_steps on all "
+                                                      "(the policy learns to copy there; needs sft_length_buckets "
+                                                      ">= 2); 0: one phase")
+    sft_short_batch_size: int | None = Field(None, gt=0, description="examples per step of the short phase (None: "
+                                                                     "sft_batch_size)")
     warmup_trials: int = Field(64, ge=0, description="critic warm-up trials played by the SFT policy on distinct "
                                                      "RL tasks before RL (0: no warm-up); see [critic] "
                                                      "warmup_trajectories")
@@ -122,18 +125,18 @@ class CampaignConfig(BaseModel):
                              keep_last_turns=self.keep_last_turns)
 
     @model_validator(mode="after")
-    def _short_first_needs_buckets(self) -> CampaignConfig:
-        if self.sft_short_first > 0 and self.sft_length_buckets < 2:
-            raise ValueError(f"[campaign] sft_short_first = {self.sft_short_first} draws from the shorter half of "
+    def _short_phase_needs_buckets(self) -> CampaignConfig:
+        if self.sft_short_steps > 0 and self.sft_length_buckets < 2:
+            raise ValueError(f"[campaign] sft_short_steps = {self.sft_short_steps} draws from the shorter half of "
                              f"SFT's length buckets, but sft_length_buckets = {self.sft_length_buckets}; set "
-                             "sft_length_buckets >= 2 (e.g. 4) or sft_short_first = 0")
+                             "sft_length_buckets >= 2 (e.g. 4) or sft_short_steps = 0")
         return self
 
     @model_validator(mode="after")
     def _short_anchors_need_a_short_phase(self) -> CampaignConfig:
-        if self.sft_anchor_phases == "short" and self.sft_short_first == 0:
+        if self.sft_anchor_phases == "short" and self.sft_short_steps == 0:
             raise ValueError("[campaign] sft_anchor_phases = 'short' keeps the anchor steps to the short phase, but "
-                             "sft_short_first = 0 (no short phase); set sft_short_first > 0 or sft_anchor_phases = "
+                             "sft_short_steps = 0 (no short phase); set sft_short_steps > 0 or sft_anchor_phases = "
                              "'all'")
         return self
 

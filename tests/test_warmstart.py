@@ -114,65 +114,61 @@ def test_length_buckets_cut_batches_that_pad_less(tiny_model):
         padding(-1)
 
 
-def test_short_first_opens_the_buckets_shortest_first(tiny_model, monkeypatch):
+def test_the_short_phase_draws_the_short_chats_alone_then_all_with_a_fresh_schedule(tiny_model, monkeypatch):
     from t1_actors.warmstart import finetune
+    from t1_actors.warmstart.finetune import SFTPhase
 
-    assert [finetune.open_buckets(4, p, 0.5) for p in (0.0, 0.49, 0.5, 1.0)] == [2, 2, 4, 4]
-    assert finetune.open_buckets(3, 0.1, 0.5) == 1 and finetune.open_buckets(2, 0.1, 0.5) == 1
-    assert finetune.open_buckets(4, 0.0, 0.0) == 4  # off: every bucket from the start
+    torch.set_num_threads(1)
+    # each example its own token, so a batch is known by its ids; 20-token chats and 120-token ones
+    examples = [(np.full(n, 1 + k, dtype=np.int64), np.ones(n, dtype=np.float32))
+                for k, n in enumerate([20] * 30 + [120] * 30)]
+    assert finetune.short_chats(examples, 4) == examples[:30] and finetune.short_chats(examples, 1) == examples
+    batches: list[tuple[int, frozenset[int]]] = []
+    rates: list[float] = []
+    real_loss = finetune.sft_loss
+
+    def spy(model, ids, *rest):
+        batches.append((ids.shape[1], frozenset(ids[:, 0].tolist())))
+        return real_loss(model, ids, *rest)
+
+    monkeypatch.setattr(finetune, "sft_loss", spy)
+    real_rate = finetune.sft_learning_rate
+    monkeypatch.setattr(finetune, "sft_learning_rate", lambda *a: rates.append(real_rate(*a)) or rates[-1])
+    model = MoEPolicy(tiny_model(vocab_size=64, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1,
+                                 head_dim=16, num_experts=2, top_k=1))
+    seen_after_short: list[int] = []
+    whole, short = finetune.two_phase_finetune(
+        model, examples, short=SFTPhase(6, 4, 2), main=SFTPhase(12, 8, 0), seconds=60, lr=1e-3, pad_id=0,
+        buckets=2, after_short=lambda report: seen_after_short.append(len(batches)))
+    assert seen_after_short == [6] and short is not None and short.steps == 6 and short.examples_seen == 24
+    widths = [width for width, _ in batches]
+    assert widths[:6] == [20] * 6 and 120 in widths[6:]  # the long chats only after the short phase
+    assert [len(ids) for _, ids in batches] == [4] * 6 + [8] * 12  # each phase its own batch size
+    assert batches[0][1] == batches[2][1] == batches[4][1]  # the short phase's anchor every 2nd step
+    assert len({ids for _, ids in batches[6:]}) == 12  # anchor_every 0: every batch of the main phase fresh
+    assert rates[6] == rates[0] == real_rate(1e-3, 0, 0.0) != rates[5]  # the main phase starts its warm-up again
+    assert (whole.steps, whole.examples_seen, whole.distinct_examples) == (18, 24 + 96, 60)
+    assert whole.losses[:6] == short.losses and short.tokens == short.positions == 6 * 4 * 20
+    with pytest.raises(ValueError, match="buckets must be >= 2"):
+        finetune.two_phase_finetune(model, examples, short=SFTPhase(2, 4, 0), main=SFTPhase(2, 4, 0), seconds=1,
+                                    lr=1e-3, pad_id=0, buckets=0)
+
+
+def test_one_phase_draws_every_bucket_from_the_start(tiny_model, monkeypatch):
+    from t1_actors.warmstart import finetune
+    from t1_actors.warmstart.finetune import SFTPhase
+
     torch.set_num_threads(1)
     examples = [(np.ones(n, dtype=np.int64), np.ones(n, dtype=np.float32)) for n in [20] * 30 + [120] * 30]
     widths: list[int] = []
     real_loss = finetune.sft_loss
     monkeypatch.setattr(finetune, "sft_loss", lambda model, ids, *rest: widths.append(ids.shape[1]) or
                         real_loss(model, ids, *rest))
-
-    def batch_widths(short_first: float) -> list[int]:
-        widths.clear()
-        torch.manual_seed(0)
-        model = MoEPolicy(tiny_model(vocab_size=64, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1,
-                                     head_dim=16, num_experts=2, top_k=1))
-        finetune.supervised_finetune(model, examples, seconds=60, steps=12, batch_size=8, lr=1e-3, pad_id=0,
-                                     buckets=2, short_first=short_first)
-        return list(widths)
-
-    early, late = batch_widths(0.5)[:6], batch_widths(0.5)[6:]
-    assert early == [20] * 6 and late[0] == 120  # the long half joins at half the budget (its anchor first)
-    assert 120 in batch_widths(0.0)[:6]  # off: both buckets from the start (step 2's anchor is the long one)
-    with pytest.raises(ValueError, match="needs buckets > 0"):
-        finetune.supervised_finetune(MoEPolicy(tiny_model()), examples, seconds=1, batch_size=4, lr=1e-3, pad_id=0,
-                                     short_first=0.5)
-
-
-def test_anchor_steps_in_the_short_phase_only_leave_the_mixed_phase_fresh(tiny_model, monkeypatch):
-    from t1_actors.warmstart import finetune
-
-    torch.set_num_threads(1)
-    # each example its own token, so a batch is known by its ids
-    examples = [(np.full(n, 1 + k, dtype=np.int64), np.ones(n, dtype=np.float32))
-                for k, n in enumerate([20] * 30 + [120] * 30)]
-    batches: list[frozenset[int]] = []
-    real_loss = finetune.sft_loss
-    monkeypatch.setattr(finetune, "sft_loss", lambda model, ids, *rest: batches.append(
-        frozenset(ids[:, 0].tolist())) or real_loss(model, ids, *rest))
-
-    def steps_of(anchor_phases: str) -> list[frozenset[int]]:
-        batches.clear()
-        model = MoEPolicy(tiny_model(vocab_size=64, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1,
-                                     head_dim=16, num_experts=2, top_k=1))
-        finetune.supervised_finetune(model, examples, seconds=60, steps=12, batch_size=8, lr=1e-3, pad_id=0,
-                                     buckets=2, short_first=0.5, anchor_every=2, anchor_phases=anchor_phases)
-        return list(batches)
-
-    everywhere, short_only = steps_of("all"), steps_of("short")
-    # the short phase (steps 0-5): the short bucket's anchor at steps 0, 2, 4 either way
-    assert everywhere[0] == everywhere[2] == everywhere[4] and short_only[0] == short_only[2] == short_only[4]
-    # the mixed phase: "all" trains the long anchor at steps 6 and 10; "short" draws both fresh
-    assert everywhere[6] == everywhere[10]
-    assert short_only[6] != short_only[10] and short_only[6] != everywhere[6]
-    with pytest.raises(ValueError, match="anchor_phases"):
-        finetune.supervised_finetune(MoEPolicy(tiny_model()), examples, seconds=1, batch_size=4, lr=1e-3, pad_id=0,
-                                     buckets=2, anchor_phases="short")
+    model = MoEPolicy(tiny_model(vocab_size=64, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1,
+                                 head_dim=16, num_experts=2, top_k=1))
+    whole, short = finetune.two_phase_finetune(model, examples, short=None, main=SFTPhase(6, 8, 2), seconds=60,
+                                               lr=1e-3, pad_id=0, buckets=2)
+    assert short is None and whole.steps == 6 and widths[2] == 120  # step 2's anchor is the long bucket's
 
 
 def test_a_warm_start_fitted_on_this_runs_rl_tasks_is_refused(tmp_path):

@@ -51,7 +51,7 @@ def sft_with_progress(config, tasks, tokenizer, campaign, console):
                   TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False, console=console) as bar:
         pool = bar.add_task("oracle pool (executed oracle chats)", total=len(tasks.sft), info="")
         by_steps = campaign.sft_steps is not None
-        total = campaign.sft_steps if by_steps else int(campaign.sft_seconds)
+        total = campaign.sft_short_steps + campaign.sft_steps if by_steps else int(campaign.sft_seconds)
         sft = bar.add_task(f"SFT warm start ({'steps' if by_steps else 'seconds'})", total=total, info="", start=False)
         start = [0.0]
         pool_lines = _Milestones(console, "3/5 oracle pool", len(tasks.sft))

@@ -31,7 +31,14 @@ from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
 from t1_actors.tasks import TasksConfig, build_task_sets, oracle_trajectory
 from t1_actors.warmstart.chats import oracle_chat, turn_examples
-from t1_actors.warmstart.finetune import Example, chat_corpus, execute_oracle_pool, oracle_examples, supervised_finetune
+from t1_actors.warmstart.finetune import (
+    Example,
+    SFTPhase,
+    chat_corpus,
+    execute_oracle_pool,
+    oracle_examples,
+    two_phase_finetune,
+)
 from t1_actors.warmstart.heldout import imitation
 from t1_actors.warmstart.oracle_outputs import OracleOutputs, read_outputs, write_outputs
 
@@ -91,11 +98,22 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
     pool_seconds = time.monotonic() - pool_start
     policy = MoEPolicy(config.section(ModelConfig))
     pad_id = special_token_ids(tokenizer)["<|endoftext|>"]
-    report = supervised_finetune(policy, examples, seconds=campaign.sft_seconds, batch_size=campaign.sft_batch_size,
-                                 lr=campaign.sft_lr, pad_id=pad_id, seed=campaign.seed, steps=campaign.sft_steps,
-                                 anchor_every=campaign.sft_anchor_every, buckets=campaign.sft_length_buckets,
-                                 short_first=campaign.sft_short_first, anchor_phases=campaign.sft_anchor_phases,
-                                 progress=progress)
+    short = None
+    if campaign.sft_short_steps:
+        short = SFTPhase(campaign.sft_short_steps, campaign.sft_short_batch_size or campaign.sft_batch_size,
+                         campaign.sft_anchor_every)
+    main = SFTPhase(campaign.sft_steps, campaign.sft_batch_size,
+                    0 if campaign.sft_anchor_phases == "short" else campaign.sft_anchor_every)
+    after_short: dict[str, Any] = {}
+
+    def read_short_phase(first) -> None:  # the cheap early reading: does this seed copy yet?
+        after_short.update(steps=first.steps, final_loss=first.final_loss, seconds=round(first.seconds, 1),
+                           imitation=imitation(policy, held_out))
+
+    report, _ = two_phase_finetune(policy, examples, short=short, main=main, seconds=campaign.sft_seconds,
+                                   lr=campaign.sft_lr, pad_id=pad_id, seed=campaign.seed,
+                                   buckets=campaign.sft_length_buckets, after_short=read_short_phase,
+                                   progress=progress)
     return policy, {"steps": report.steps, "examples_seen": report.examples_seen,
                     "distinct_examples": report.distinct_examples, "epochs": round(report.epochs, 2),
                     "final_loss": report.final_loss, "seconds": round(report.seconds, 1),
@@ -103,7 +121,7 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
                     "oracle_failures": failures, "oracle_reused": pool.reused, "oracle_lost": pool.lost,
                     "oracle_lost_warning": pool.losses(),
                     "oracle_pool_seconds": round(pool_seconds, 1), "parameters": policy.num_parameters(),
-                    "imitation": imitation(policy, held_out)}
+                    "imitation": imitation(policy, held_out), **({"short_phase": after_short} if after_short else {})}
 
 
 def reuse_warm_start(previous: Path, run_dir: Path):

@@ -165,13 +165,10 @@ def length_buckets(examples: list[Example], buckets: int) -> list[list[Example]]
     return [ranked[i: i + size] for i in range(0, len(ranked), size)]
 
 
-def open_buckets(buckets: int, progress: float, short_first: float) -> int:
-    """How many length buckets (shortest first) SFT draws from at ``progress`` (share of its budget done): the
-    shorter half of them (at least one) until ``progress`` reaches ``short_first``, then all; all of them from the
-    start when ``short_first`` = 0."""
-    if short_first <= 0 or progress >= short_first:
-        return buckets
-    return max(1, buckets // 2)
+def short_chats(examples: list[Example], buckets: int) -> list[Example]:
+    """The shorter half of ``length_buckets(examples, buckets)`` (at least one bucket): on long.toml's pool, the
+    single-turn families' chats."""
+    return [example for bucket in length_buckets(examples, buckets)[: max(1, buckets // 2)] for example in bucket]
 
 
 @dataclass
@@ -179,18 +176,29 @@ class SFTReport:
     steps: int
     examples_seen: int
     distinct_examples: int
-    epochs: float  # examples seen / distinct examples
     final_loss: float  # mean of the last 20 steps
     seconds: float
-    tokens_per_s: float
     losses: list[float]
-    padding: float  # share of the batches' positions that were padding
+    tokens: int  # the batches' real (non-padding) positions
+    positions: int  # the batches' positions, padding included
+
+    @property
+    def epochs(self) -> float:
+        return self.examples_seen / max(self.distinct_examples, 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+    @property
+    def padding(self) -> float:
+        """Share of the batches' positions that were padding."""
+        return 1 - self.tokens / max(self.positions, 1)
 
 
 def supervised_finetune(model, examples: list[Example], *, seconds: float, batch_size: int, lr: float,
                         pad_id: int, seed: int = 0, anchor_every: int = 2, steps: int | None = None,
-                        buckets: int = 0, short_first: float = 0.0, anchor_phases: str = "all",
-                        progress: Callable[[int, float], None] | None = None) -> SFTReport:
+                        buckets: int = 0, progress: Callable[[int, float], None] | None = None) -> SFTReport:
     """Train ``model`` on oracle chats for ``steps`` optimiser steps (``None``: until ``seconds`` of wall
     time); ``seconds`` always bounds the run, so a step budget on a slow machine still ends. With a step
     budget two runs of one seed take the same steps and give the same policy; the learning-rate schedule
@@ -208,28 +216,14 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
     proportion to its size (fresh batches) or in turn (anchor steps: one fixed anchor batch per bucket), so a
     batch pads to about its own length. 0: batches drawn from the whole pool, as above.
 
-    ``short_first`` > 0 (with ``buckets``): the first ``short_first`` of the budget draws from the shorter half of
-    the buckets only, the rest from all of them (``open_buckets``): a short-chats-first curriculum. Why: the long
-    families' 550-800-token chats, drawn from the start, kept the tiny policy from learning to copy the task's
-    names even on single-turn chats (long.toml's pool, 900 steps: 8 of 72 validation chats right, teacher-forced);
-    600 steps on the short half alone made it copy (20 of 72, the single-turn families nearly all right):
-    docs/long_horizons.md.
-
-    ``anchor_phases``: ``"all"`` (anchor steps throughout) or ``"short"`` (with ``short_first``: anchor steps in
-    the short phase only, every batch of the mixed phase fresh). Why: the anchors that make the policy copy also
-    take every ``anchor_every``-th mixed step from the long chats (long.toml's variant e, docs/long_horizons.md).
+    ``progress(step, loss)`` after each step. ``two_phase_finetune`` runs this twice: short chats first.
     """
     if not examples:
         raise RuntimeError("SFT: no oracle example to train on (are the sandbox and the task corpus working?)")
     if anchor_every < 0:
         raise ValueError(f"anchor_every must be >= 0 (0 = no anchor batch), got {anchor_every}")
-    if anchor_phases not in ("all", "short") or (anchor_phases == "short" and short_first == 0):
-        raise ValueError(f"anchor_phases must be 'all' or 'short' (which needs short_first > 0), got {anchor_phases!r} "
-                         f"with short_first {short_first}")
     if buckets < 0:
         raise ValueError(f"buckets must be >= 0 (0 = batches from the whole pool), got {buckets}")
-    if not 0.0 <= short_first <= 1.0 or (short_first > 0 and buckets == 0):
-        raise ValueError(f"short_first must be in [0, 1] and needs buckets > 0, got {short_first} with {buckets}")
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.1)
     pools = length_buckets(examples, buckets) if buckets else [examples]
@@ -243,12 +237,10 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
         done = steps / budget_steps if budget_steps is not None else elapsed / seconds
         for group in optimizer.param_groups:
             group["lr"] = sft_learning_rate(lr, steps, done)
-        opened = open_buckets(len(pools), done, short_first)
-        anchoring = anchor_phases == "all" or opened < len(pools)  # "short": until every bucket is open
-        if anchoring and anchor_every > 0 and steps % anchor_every == 0:
-            batch = anchors[(steps // anchor_every) % opened]
+        if anchor_every > 0 and steps % anchor_every == 0:
+            batch = anchors[(steps // anchor_every) % len(pools)]
         else:
-            pool = pools[0] if opened == 1 else rng.choices(pools[:opened], weights=[len(p) for p in pools[:opened]])[0]
+            pool = pools[0] if len(pools) == 1 else rng.choices(pools, weights=[len(p) for p in pools])[0]
             batch = rng.sample(pool, k=min(batch_size, len(pool)))
         ids, mask, attention = pad_batch(batch, pad_id)
         loss = sft_loss(model, ids, mask, attention)
@@ -263,6 +255,55 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
             progress(steps, losses[-1])
     elapsed = time.monotonic() - start
     model.eval()
-    return SFTReport(steps, seen, len(examples), seen / len(examples),
-                     float(np.mean(losses[-20:])) if losses else float("nan"), elapsed,
-                     tokens / max(elapsed, 1e-9), losses, 1 - tokens / max(positions, 1))
+    return SFTReport(steps, seen, len(examples), float(np.mean(losses[-20:])) if losses else float("nan"), elapsed,
+                     losses, tokens, positions)
+
+
+@dataclass(frozen=True)
+class SFTPhase:
+    """One SFT phase's own budget: ``steps`` optimiser steps (``None``: until the time left) of ``batch_size``
+    chats, every ``anchor_every``-th one the fixed anchor batch (0: never); its own warm-up and cosine."""
+    steps: int | None
+    batch_size: int
+    anchor_every: int
+
+
+def two_phase_finetune(model, examples: list[Example], *, short: SFTPhase | None, main: SFTPhase, seconds: float,
+                       lr: float, pad_id: int, seed: int = 0, buckets: int = 0,
+                       after_short: Callable[[SFTReport], None] | None = None,
+                       progress: Callable[[int, float], None] | None = None) -> tuple[SFTReport, SFTReport | None]:
+    """SFT in two phases: ``short`` on the shorter half of the length buckets alone (``short_chats``), then
+    ``main`` on every chat, each a ``supervised_finetune`` with its own schedule (the second draws from its own
+    random stream, ``seed + 1000``); ``short = None``: the main phase alone. ``seconds`` bounds the two phases'
+    training together (``after_short`` is not counted).
+    Returns the whole run's report (steps, examples and time summed, the main phase's final loss) and the short
+    phase's; ``after_short(report)`` is called between the two (e.g. to read the policy's imitation there).
+
+    Why a phase of its own: on long.toml's pool, short chats drawn with the 550-800-token ones from the start
+    never taught the 6-layer policy to copy a name, and a short *share* of one schedule at batch 16 did not
+    either on 2 of 3 seeds (single-turn chats right at its end: 3-5 of 32); 600 steps of 32 on the short chats
+    alone, then 600 of 16 on all with a fresh cosine, made the failing seed copy (77 % of the validation turns
+    right, teacher-forced; docs/long_horizons.md).
+    """
+    if short is not None and buckets < 2:
+        raise ValueError(f"a short phase draws from the shorter half of the length buckets: buckets must be >= 2, "
+                         f"got {buckets}")
+    first = None
+    if short is not None:
+        first = supervised_finetune(model, short_chats(examples, buckets), seconds=seconds, batch_size=short.batch_size,
+                                    lr=lr, pad_id=pad_id, seed=seed, anchor_every=short.anchor_every,
+                                    steps=short.steps, buckets=max(1, buckets // 2), progress=progress)
+        if after_short is not None:
+            after_short(first)
+            model.train()
+    offset = first.steps if first else 0
+    second = supervised_finetune(
+        model, examples, seconds=max(seconds - (first.seconds if first else 0.0), 1e-3), batch_size=main.batch_size, lr=lr,
+        pad_id=pad_id, seed=seed + 1000 if first else seed, anchor_every=main.anchor_every, steps=main.steps,
+        buckets=buckets, progress=(lambda step, loss: progress(offset + step, loss)) if progress else None)
+    if first is None:
+        return second, None
+    whole = SFTReport(first.steps + second.steps, first.examples_seen + second.examples_seen, len(examples),
+                      second.final_loss, first.seconds + second.seconds, first.losses + second.losses,
+                      first.tokens + second.tokens, first.positions + second.positions)
+    return whole, first
