@@ -78,6 +78,12 @@ class CampaignConfig(BaseModel):
                                                       ">= 2); 0: one phase")
     sft_short_batch_size: int | None = Field(None, gt=0, description="examples per step of the short phase (None: "
                                                                      "sft_batch_size)")
+    sft_rename: Literal["none", "short"] = Field("none", description="'short': each fresh batch of the short phase "
+                                                 "is trained under random names (the synthetic corpus's names and "
+                                                 "words permuted over the whole chat; the anchor batches keep "
+                                                 "theirs), so it is fitted by copying, not memorising; needs "
+                                                 "sft_short_steps > 0 and t1's own tokenizer (no [campaign] "
+                                                 "tokenizer)")
     warmup_trials: int = Field(64, ge=0, description="critic warm-up trials played by the SFT policy on distinct "
                                                      "RL tasks before RL (0: no warm-up); see [critic] "
                                                      "warmup_trajectories")
@@ -130,6 +136,17 @@ class CampaignConfig(BaseModel):
             raise ValueError(f"[campaign] sft_short_steps = {self.sft_short_steps} draws from the shorter half of "
                              f"SFT's length buckets, but sft_length_buckets = {self.sft_length_buckets}; set "
                              "sft_length_buckets >= 2 (e.g. 4) or sft_short_steps = 0")
+        return self
+
+    @model_validator(mode="after")
+    def _renaming_needs_a_short_phase_and_t1s_template(self) -> CampaignConfig:
+        if self.sft_rename == "short" and self.sft_short_steps == 0:
+            raise ValueError("[campaign] sft_rename = 'short' renames the short phase's batches, but sft_short_steps "
+                             "= 0 (no short phase); set sft_short_steps > 0 or sft_rename = 'none'")
+        if self.sft_rename != "none" and self.tokenizer is not None:
+            raise ValueError(f"[campaign] sft_rename = {self.sft_rename!r} renders renamed chats on t1's own "
+                             f"template, but tokenizer = {self.tokenizer!r} (an HF template's chats); set "
+                             "sft_rename = 'none' or leave tokenizer unset")
         return self
 
     @model_validator(mode="after")

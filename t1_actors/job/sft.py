@@ -30,6 +30,7 @@ from t1_actors.policy import MoEPolicy, load_tokenizer
 from t1_actors.policy.config import ModelConfig
 from t1_actors.policy.tokenizer import special_token_ids, train_tokenizer
 from t1_actors.tasks import TasksConfig, build_task_sets, oracle_trajectory
+from t1_actors.tasks.synthetic import RENAMEABLE
 from t1_actors.warmstart.chats import oracle_chat, turn_examples
 from t1_actors.warmstart.finetune import (
     Example,
@@ -41,6 +42,7 @@ from t1_actors.warmstart.finetune import (
 )
 from t1_actors.warmstart.heldout import imitation
 from t1_actors.warmstart.oracle_outputs import OracleOutputs, read_outputs, write_outputs
+from t1_actors.warmstart.rename import RenamedExamples, Renamer
 
 
 def train_run_tokenizer(run_dir: Path, train_tasks: list, vocab: int, *, path_components: bool = False):
@@ -110,10 +112,13 @@ def warm_start(config, tasks, tokenizer, *, pool_progress=None, progress=None) -
         after_short.update(steps=first.steps, final_loss=first.final_loss, seconds=round(first.seconds, 1),
                            imitation=imitation(policy, held_out))
 
+    renamed = None
+    if campaign.sft_rename == "short":
+        renamed = RenamedExamples(Renamer(RENAMEABLE), tokenizer, campaign.tool_output_chars)
     report, _ = two_phase_finetune(policy, examples, short=short, main=main, seconds=campaign.sft_seconds,
                                    lr=campaign.sft_lr, pad_id=pad_id, seed=campaign.seed,
-                                   buckets=campaign.sft_length_buckets, after_short=read_short_phase,
-                                   progress=progress)
+                                   buckets=campaign.sft_length_buckets, short_rewrite=renamed,
+                                   after_short=read_short_phase, progress=progress)
     return policy, {"steps": report.steps, "examples_seen": report.examples_seen,
                     "distinct_examples": report.distinct_examples, "epochs": round(report.epochs, 2),
                     "final_loss": report.final_loss, "seconds": round(report.seconds, 1),

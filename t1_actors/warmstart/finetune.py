@@ -30,6 +30,22 @@ DONE_TEXT = "done"
 Example = tuple[np.ndarray, np.ndarray]  # token ids, assistant-token mask
 
 
+class OracleExample(tuple):
+    """An SFT example ``(ids, mask)`` that keeps the executed oracle chat it renders (instruction, commands,
+    outputs), so it can be rendered again under other names (``warmstart.rename``). An ``Example`` wherever one
+    is read."""
+
+    instruction: str
+    commands: list[str]
+    outputs: list[str]
+
+    @classmethod
+    def of(cls, example: Example, instruction: str, commands: list[str], outputs: list[str]) -> OracleExample:
+        made = cls(example)
+        made.instruction, made.commands, made.outputs = instruction, list(commands), list(outputs)
+        return made
+
+
 def oracle_messages(instruction: str, commands: list[str], outputs: list[str],
                     tool_output_chars: int) -> list[dict[str, Any]]:
     """The chat of an agent that runs the oracle: one command per turn, its output, then ``done``."""
@@ -88,8 +104,9 @@ def oracle_examples(task, outputs: list[str], tokenizer, *, tool_output_chars: i
     of its chat on t1's own template."""
     if examples_of is not None:
         return examples_of(task, outputs)
-    messages = oracle_messages(task.instruction, oracle_trajectory(task), outputs, tool_output_chars)
-    return [sft_example(messages, tokenizer)]
+    commands = oracle_trajectory(task)
+    messages = oracle_messages(task.instruction, commands, outputs, tool_output_chars)
+    return [OracleExample.of(sft_example(messages, tokenizer), task.instruction, commands, outputs)]
 
 
 def execute_oracle_pool(tasks: list, execute_oracle: Callable[[Any], list[str] | None], tokenizer, *,
@@ -198,7 +215,8 @@ class SFTReport:
 
 def supervised_finetune(model, examples: list[Example], *, seconds: float, batch_size: int, lr: float,
                         pad_id: int, seed: int = 0, anchor_every: int = 2, steps: int | None = None,
-                        buckets: int = 0, progress: Callable[[int, float], None] | None = None) -> SFTReport:
+                        buckets: int = 0, rewrite: Callable[[Any, random.Random], Example] | None = None,
+                        progress: Callable[[int, float], None] | None = None) -> SFTReport:
     """Train ``model`` on oracle chats for ``steps`` optimiser steps (``None``: until ``seconds`` of wall
     time); ``seconds`` always bounds the run, so a step budget on a slow machine still ends. With a step
     budget two runs of one seed take the same steps and give the same policy; the learning-rate schedule
@@ -216,6 +234,9 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
     proportion to its size (fresh batches) or in turn (anchor steps: one fixed anchor batch per bucket), so a
     batch pads to about its own length. 0: batches drawn from the whole pool, as above.
 
+    ``rewrite(example, rng)``: each example of a fresh batch is trained as ``rewrite`` returns it (the anchor batch
+    as it is), e.g. under random names (``warmstart.rename.RenamedExamples``); ``rng`` is its own stream of ``seed``.
+
     ``progress(step, loss)`` after each step. ``two_phase_finetune`` runs this twice: short chats first.
     """
     if not examples:
@@ -224,7 +245,7 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
         raise ValueError(f"anchor_every must be >= 0 (0 = no anchor batch), got {anchor_every}")
     if buckets < 0:
         raise ValueError(f"buckets must be >= 0 (0 = batches from the whole pool), got {buckets}")
-    rng = random.Random(seed)
+    rng, rewrite_rng = random.Random(seed), random.Random(f"rewrite-{seed}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.1)
     pools = length_buckets(examples, buckets) if buckets else [examples]
     anchors = [rng.sample(pool, k=min(batch_size, len(pool))) for pool in pools]
@@ -242,6 +263,8 @@ def supervised_finetune(model, examples: list[Example], *, seconds: float, batch
         else:
             pool = pools[0] if len(pools) == 1 else rng.choices(pools, weights=[len(p) for p in pools])[0]
             batch = rng.sample(pool, k=min(batch_size, len(pool)))
+            if rewrite is not None:
+                batch = [rewrite(example, rewrite_rng) for example in batch]
         ids, mask, attention = pad_batch(batch, pad_id)
         loss = sft_loss(model, ids, mask, attention)
         optimizer.zero_grad(set_to_none=True)
@@ -270,12 +293,14 @@ class SFTPhase:
 
 def two_phase_finetune(model, examples: list[Example], *, short: SFTPhase | None, main: SFTPhase, seconds: float,
                        lr: float, pad_id: int, seed: int = 0, buckets: int = 0,
+                       short_rewrite: Callable[[Any, random.Random], Example] | None = None,
                        after_short: Callable[[SFTReport], None] | None = None,
                        progress: Callable[[int, float], None] | None = None) -> tuple[SFTReport, SFTReport | None]:
     """SFT in two phases: ``short`` on the shorter half of the length buckets alone (``short_chats``), then
     ``main`` on every chat, each a ``supervised_finetune`` with its own schedule (the second draws from its own
     random stream, ``seed + 1000``); ``short = None``: the main phase alone. ``seconds`` bounds the two phases'
     training together (``after_short`` is not counted).
+    ``short_rewrite``: the short phase's ``rewrite`` (the main phase trains every chat as it is).
     Returns the whole run's report (steps, examples and time summed, the main phase's final loss) and the short
     phase's; ``after_short(report)`` is called between the two (e.g. to read the policy's imitation there).
 
@@ -292,7 +317,8 @@ def two_phase_finetune(model, examples: list[Example], *, short: SFTPhase | None
     if short is not None:
         first = supervised_finetune(model, short_chats(examples, buckets), seconds=seconds, batch_size=short.batch_size,
                                     lr=lr, pad_id=pad_id, seed=seed, anchor_every=short.anchor_every,
-                                    steps=short.steps, buckets=max(1, buckets // 2), progress=progress)
+                                    steps=short.steps, buckets=max(1, buckets // 2), rewrite=short_rewrite,
+                                    progress=progress)
         if after_short is not None:
             after_short(first)
             model.train()

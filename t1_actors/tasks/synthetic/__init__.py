@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 from t1_actors.tasks.model import Split, Task
 from t1_actors.tasks.synthetic._composite import compose, composite_name, draw_parts
-from t1_actors.tasks.synthetic._draft import Draft, Family, render_tests
+from t1_actors.tasks.synthetic._draft import RENAMEABLE, Draft, Family, render_tests
 from t1_actors.tasks.synthetic._files import FAMILIES as _FILE_FAMILIES
 from t1_actors.tasks.synthetic._long import FAMILIES as _LONG_FAMILIES
 from t1_actors.tasks.synthetic._recovery import recovery_split, with_missing_directory
@@ -43,7 +43,7 @@ EVAL_PERCENT = 20  # share of each family's instruction space that belongs to th
 TEST_FILE = "test_outputs.py"
 _MAX_ATTEMPTS = 500
 
-__all__ = ["EVAL_PERCENT", "FAMILIES", "LONG_FAMILIES", "available_families", "generate", "generate_composite",
+__all__ = ["EVAL_PERCENT", "FAMILIES", "LONG_FAMILIES", "RENAMEABLE", "available_families", "generate", "generate_composite",
            "generate_nested", "generate_recovery", "is_long_task", "split_of"]
 
 

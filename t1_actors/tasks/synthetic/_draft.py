@@ -23,6 +23,10 @@ WORDS = (
     "lake sea rock tree leaf seed root song game book"
 ).split()
 EXTENSIONS = ("tmp", "bak", "log", "old", "csv", "md")
+# What SFT may rename at random in an oracle chat (warmstart.rename): each list permuted within itself. Left out:
+# words that are also shell commands or paths (cat, tree, root, key, map) and the one word in both lists (salt).
+_NOT_RENAMED = {"cat", "salt", "root", "tree", "key", "map"}
+RENAMEABLE = (tuple(w for w in NAMES if w not in _NOT_RENAMED), tuple(w for w in WORDS if w not in _NOT_RENAMED))
 
 
 @dataclass(frozen=True)
