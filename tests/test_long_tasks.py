@@ -106,15 +106,6 @@ def test_instruction_does_not_reveal_the_way(drawn):
                        for path in task.environment.files), task.id
 
 
-def test_pipeline_sed_filters_spell_their_words_as_the_data_does(drawn):
-    """A sed filter delimits its words with "|", not "/": under long.toml's path-component tokenizer
-    ``s/door/`` makes ``/door`` a path component, a spelling of the word found nowhere else (the executed oracles
-    below check that sed reads it so)."""
-    filters = [f.content.splitlines()[0] for task in drawn["pipeline"] for f in task.environment.files.values()]
-    seds = [f for f in filters if f.startswith("sed")]
-    assert seds and all(re.fullmatch(r"sed 's\|[a-z]+\|[a-z]+\|'", f) for f in seds), seds
-
-
 def _run(backend, verifier, task: Task, commands: list[str], label: str):
     with backend.open(task, f"{task.id}-{label}") as sandbox:
         results = [sandbox.exec(command) for command in commands]

@@ -6,7 +6,7 @@ start, and the rest is read along the way, so no policy can write the commands f
 - ``chain``: files each naming the next (``next /app/D/plum.txt``) or closing the chain (``end 'song'``),
   among decoys never on it (some say ``end`` too); the agent appends each visited path to a trail file and
   writes the end word to an answer file. One check per stage visited, in order, plus the trail and answer.
-- ``pipeline``: stage files each giving a filter (``sort -r``, ``head -n 3``, ``grep -v 'cat'``, ``sed 's|a|b|'``) and
+- ``pipeline``: stage files each giving a filter (``sort -r``, ``head -n 3``, ``grep -v 'cat'``, ...) and
   the next stage, or ``end``; each stage filters the previous stage's output into a new directory, under its
   own file's name (so its input is named by the stage file read two steps before). One check per stage's
   output, and one that no decoy stage ran.
@@ -95,7 +95,7 @@ def _apply(spec: str, lines: list[str]) -> list[str]:
         invert, word = arg.startswith("-v "), arg.split("'")[1]
         return [line for line in lines if (word in line) != invert]
     if op == "sed":
-        old, new = arg.strip("'").split("|")[1:3]
+        old, new = arg.strip("'").split("/")[1:3]
         return [line.replace(old, new, 1) for line in lines]
     raise ValueError(f"unknown filter {spec!r}")
 
@@ -107,9 +107,8 @@ def _filter(rng: random.Random, lines: list[str]) -> str:
         return f"{kind} -n {rng.randint(2, max(2, len(lines) - 1))}"
     if kind in ("grep", "grep -v"):
         return f"{kind} '{rng.choice(lines)}'"
-    if kind == "sed":  # "|", not "/": the words then read as the data and grep spell them ("do or"), where
-        # "s/door/" made "/door" a path component of its own pieces ("/d o or"), found nowhere else
-        return f"sed 's|{rng.choice(lines)}|{rng.choice(WORDS)}|'"
+    if kind == "sed":
+        return f"sed 's/{rng.choice(lines)}/{rng.choice(WORDS)}/'"
     return kind
 
 
