@@ -30,21 +30,17 @@ SPECIAL_TOKENS = list(MARKERS)  # the chat template's markers, ids 0.. in this o
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tokenizer.json"
 
 
-# GPT-2's pre-tokenizer pattern (what ByteLevel's use_regex applies), with a path component first: "/lunar".
-# What stands before a path (a space, a quote, "> ") is split off it, so a path's first component is the same
-# token after a space as at the start of a line: a command copies "/app" from a listing ("\n/app/..."), where
-# GPT-2's pattern gave " /" + "app" in the command and "/app" in the listing.
+# GPT-2's pre-tokenizer pattern (what ByteLevel's use_regex applies), with a path component first: "/lunar"
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-PATH_COMPONENT_PATTERN = r"/\p{L}+| (?=/\p{L})| ?[^\s\p{L}\p{N}]+?(?=/\p{L})|" + GPT2_PATTERN
+PATH_COMPONENT_PATTERN = r"/\p{L}+|" + GPT2_PATTERN
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, *, path_components: bool = False) -> Tokenizer:
     """Train a byte-level BPE of ``vocab_size`` ids (special tokens and the 256 bytes included).
 
-    ``path_components``: a slash stays on the word after it (`` /app/lunar/thorn.txt`` -> ``Ġ /app /lunar
-    /thorn . txt``, and the same components at a line's start), so each name of a path follows a token of its
-    own. With GPT-2's pattern every name follows the same ``/``, and which one comes next must be read from
-    further back (docs/long_horizons.md)."""
+    ``path_components``: a slash stays on the word after it (``/app/lunar/thorn.txt`` -> ``Ġ/ app /lunar
+    /thorn . txt``), so each name of a path follows a token of its own. With GPT-2's pattern every name
+    follows the same ``/``, and which one comes next must be read from further back (docs/long_horizons.md)."""
     minimum = len(SPECIAL_TOKENS) + 256
     if vocab_size < minimum:
         raise ValueError(f"vocab_size {vocab_size} is below {minimum} (special tokens + 256 byte tokens)")
