@@ -16,7 +16,7 @@ from t1_actors.tasks.synthetic._draft import NAMES, WORDS
 
 LONG = sorted(LONG_FAMILIES)
 TOOL_OUTPUT_CHARS = 240  # the harness's default cut ([campaign] tool_output_chars)
-SHELL_WORDS = {"echo", "cat", "cp", "mkdir", "ls", "-d", "grep", "-l"}  # the programs the oracles run, known to any agent
+SHELL_WORDS = {"echo", "cat", "cp", "mkdir", "grep", "-l"}  # the programs the oracles run, known to any agent
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +79,8 @@ def test_instructions_unique_short_and_split_by_hash(drawn):
 
 def test_small_vocabularies(drawn):
     """Every name and word of a task (paths, quoted words, file contents) comes from _draft's vocabularies."""
-    known = set(NAMES) | set(WORDS) | {"app", "txt", "next", "end", "sort", "uniq", "head", "tail", "grep", "sed",
-                                       "n", "r", "u", "v", "s"}
+    known = set(NAMES) | set(WORDS) | {"app", "txt", "next", "end", "sort", "uniq", "head", "tail", "grep",
+                                       "n", "r", "u", "v"}
     for tasks in drawn.values():
         for task in tasks:
             blob = " ".join([*task.environment.files, *(f.content for f in task.environment.files.values())])
@@ -190,15 +190,17 @@ def test_explore_copies_in_the_order_grep_lists(outcomes):
             assert listed == [c.split()[1] for c in commands if c.startswith("cp ")], task.id
 
 
-def test_explore_greps_each_directory_its_listing_printed_whole(outcomes):
-    """What a command copies from an output is the same text there: each directory the oracle greps was printed
-    whole (``/app/R/D/``) by the listing before it, not as a bare name the policy would have to spell anew."""
+def test_explore_lists_the_whole_tree_once_and_copies_far_from_it(outcomes):
+    """One grep lists every file to copy as a whole path (what each ``cp`` copies), across 2-3 subdirectories,
+    and no pipeline stage filters with sed (its words were no tokens the policy could copy)."""
     for task, label, results, _ in outcomes:
         if label == "oracle" and task.family == "explore":
             commands = task.oracle.commands
-            listing = results[commands.index(next(c for c in commands if c.startswith("ls ")))].stdout.split()
-            greps = [c.split()[-1].removesuffix("*") for c in commands if c.startswith("grep")]
-            assert greps and greps == listing, (task.id, greps, listing)
+            assert [c.split()[0] for c in commands] == ["mkdir", "grep"] + ["cp"] * (len(commands) - 2), task.id
+            listed = results[1].stdout.split()
+            assert 6 <= len(listed) <= 8 and len({path.split("/")[3] for path in listed}) >= 2, task.id
+        if label == "oracle" and task.family == "pipeline":
+            assert not any(c.startswith("sed") or " sed " in c for c in task.oracle.commands), task.id
 
 
 def test_t1_audit_passes_one_task_of_each_long_family():

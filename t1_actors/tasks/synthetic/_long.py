@@ -10,8 +10,9 @@ start, and the rest is read along the way, so no policy can write the commands f
   the next stage, or ``end``; each stage filters the previous stage's output into a new directory, under its
   own file's name (so its input is named by the stage file read two steps before). One check per stage's
   output, and one that no decoy stage ran.
-- ``explore``: a tree whose subdirectories are found by ``ls -d`` and whose files holding a word are found by
-  ``grep -l`` per subdirectory; each such file is copied out. One check per file copied.
+- ``explore``: a tree of subdirectories whose files holding a word are listed by one ``grep -l`` over the
+  whole tree; each listed file is copied out, one command each, long after the listing. One check per file
+  copied.
 
 Copyability, as in the package docstring: what a command copies from an output is the same token there
 (whole paths ``/app/D/plum.txt``, quoted words ``'song'``, filters verbatim). A bare name is not: ``ls /app/D``
@@ -29,7 +30,7 @@ import random
 
 from t1_actors.tasks.synthetic._draft import NAMES, WORDS, Check, Draft, Family, distinct, identifier, text
 
-# A task's own turn cap wins over [campaign] max_turns: the default (8) is below these oracles' 9-14 turns (and
+# A task's own turn cap wins over [campaign] max_turns: the default (8) is below these oracles' 8-14 turns (and
 # their answer turn), so a long task lets the run's cap decide, up to 40 turns, with the wall time to match.
 LIMITS = {"max_turns": 40, "agent_timeout_s": 600.0}
 
@@ -76,7 +77,7 @@ def chain(rng: random.Random) -> Draft:
 
 def _apply(spec: str, lines: list[str]) -> list[str]:
     """What the filter ``spec`` (a stage file's line) prints for input ``lines``, as the shell tool would
-    (LANG=C.UTF-8: sort is codepoint order; the words are plain lowercase letters, so grep and sed match
+    (LANG=C.UTF-8: sort is codepoint order; the words are plain lowercase letters, so grep matches
     literally)."""
     op, *args = spec.split(" ", 1)
     arg = args[0] if args else ""
@@ -94,21 +95,20 @@ def _apply(spec: str, lines: list[str]) -> list[str]:
     if op == "grep":
         invert, word = arg.startswith("-v "), arg.split("'")[1]
         return [line for line in lines if (word in line) != invert]
-    if op == "sed":
-        old, new = arg.strip("'").split("/")[1:3]
-        return [line.replace(old, new, 1) for line in lines]
     raise ValueError(f"unknown filter {spec!r}")
 
 
 def _filter(rng: random.Random, lines: list[str]) -> str:
-    """A filter drawn for ``lines``, its parameters taken from them (a word they hold, a count they have)."""
-    kind = rng.choice(("sort", "sort -r", "sort -u", "uniq", "head", "tail", "grep", "grep -v", "sed"))
+    """A filter drawn for ``lines``, its parameters taken from them (a word they hold, a count they have).
+
+    No ``sed``: its words were the pipeline's one piece no policy copied (``s/door/`` is ``/d o or`` to t1's
+    path-component tokenizer, a spelling found nowhere else; 2-10 % on the right piece, teacher-forced on
+    long.toml's SFT policy t0, docs/long_horizons.md)."""
+    kind = rng.choice(("sort", "sort -r", "sort -u", "uniq", "head", "tail", "grep", "grep -v"))
     if kind in ("head", "tail"):
         return f"{kind} -n {rng.randint(2, max(2, len(lines) - 1))}"
     if kind in ("grep", "grep -v"):
         return f"{kind} '{rng.choice(lines)}'"
-    if kind == "sed":
-        return f"sed 's/{rng.choice(lines)}/{rng.choice(WORDS)}/'"
     return kind
 
 
@@ -170,36 +170,37 @@ def pipeline(rng: random.Random) -> Draft:
 
 
 def explore(rng: random.Random) -> Draft:
-    """Find the files holding a word in a tree of 2-3 subdirectories (``ls -d``, then ``grep -l`` in each), and
-    copy each one into a new directory: every file to copy is only known from a listing. ``ls -d /app/R/*/``
-    prints each subdirectory as a whole path, the tokens the next ``grep`` copies (a plain ``ls`` prints bare
-    names, which the SFT policy never mapped to their path tokens: 50 % of its explore turns right,
-    teacher-forced, on long.toml's validation split; docs/long_horizons.md)."""
-    subdirs = rng.randint(2, 3)
-    per_dir = [rng.randint(2, 3) for _ in range(subdirs)]
-    matching = sum(per_dir)
-    others = rng.randint(2, 4)
-    root, target, *names = distinct(rng, NAMES, 2 + subdirs + matching + others)
-    dirs, stems = sorted(names[:subdirs]), names[subdirs:]
+    """Find the files holding a word in a tree of 2-3 subdirectories (one ``grep -l`` over ``/app/R/*/*``) and
+    copy each of the 6-8 into a new directory, one ``cp`` a turn: every file to copy is known only from that
+    listing, printed whole (the paths a ``cp`` copies), and the k-th copy reads it k turns back.
+
+    Why one listing: the tree used to be listed by ``ls -d``, then grepped one subdirectory at a time; the SFT
+    policy's distribution over the subdirectory to grep next was flat over every name (p 0.3-3 %, teacher-forced
+    on long.toml's SFT policy t0, docs/long_horizons.md), while it copied a path from an output turn after turn.
+    The glob lists in sorted order, so the oracle's order is the listing's."""
+    while True:  # the listing must fit the harness's 240-character cut of an output: redraw the rare long one
+        subdirs = rng.randint(2, 3)
+        matching = rng.randint(6, 8)
+        others = rng.randint(2, 4)
+        root, target, *names = distinct(rng, NAMES, 2 + subdirs + matching + others)
+        dirs, stems = sorted(names[:subdirs]), names[subdirs:]
+        homes = dirs + [rng.choice(dirs) for _ in range(matching - subdirs)]  # each subdirectory holds a match
+        found = sorted(f"/app/{root}/{d}/{stem}.txt" for d, stem in zip(homes, stems[:matching]))
+        if sum(len(path) + 1 for path in found) <= 230:
+            break
     word = rng.choice(WORDS)
     plain = [w for w in WORDS if word not in w]
     files: dict[str, str | bytes] = {}
-    found: dict[str, list[str]] = {d: [] for d in dirs}
-    for d, wanted in zip(dirs, per_dir):
-        for _ in range(wanted):
-            stem = stems.pop()
-            body = [" ".join(rng.choice(plain) for _ in range(rng.randint(1, 2))) for _ in range(rng.randint(0, 2))]
-            body.insert(rng.randint(0, len(body)), " ".join(rng.sample([word, rng.choice(plain)], 2)))
-            files[f"/app/{root}/{d}/{stem}.txt"] = text(body)
-            found[d].append(f"/app/{root}/{d}/{stem}.txt")
-    for stem in stems:  # the rest hold other words only
+    for path in found:
+        body = [" ".join(rng.choice(plain) for _ in range(rng.randint(1, 2))) for _ in range(rng.randint(0, 2))]
+        body.insert(rng.randint(0, len(body)), " ".join(rng.sample([word, rng.choice(plain)], 2)))
+        files[path] = text(body)
+    for stem in stems[matching:]:  # the rest hold other words only
         lines = [" ".join(rng.choice(plain) for _ in range(rng.randint(1, 2))) for _ in range(rng.randint(1, 3))]
         files[f"/app/{root}/{rng.choice(dirs)}/{stem}.txt"] = text(lines)
-    copies = {path.rsplit("/", 1)[1]: path for paths in found.values() for path in paths}
-    commands = [f"mkdir /app/{target}", f"ls -d /app/{root}/*/"]
-    for d in dirs:
-        commands.append(f"grep -l '{word}' /app/{root}/{d}/*")
-        commands += [f"cp {path} /app/{target}/" for path in sorted(found[d])]
+    copies = {path.rsplit("/", 1)[1]: path for path in found}
+    commands = [f"mkdir /app/{target}", f"grep -l '{word}' /app/{root}/*/*"]
+    commands += [f"cp {path} /app/{target}/" for path in found]
     checks = [Check("target_is_directory", f"assert Path({f'/app/{target}'!r}).is_dir()")]
     checks += [Check(identifier("copied", name), f"assert read({f'/app/{target}/{name}'!r}) == {files[path]!r}")
                for name, path in sorted(copies.items())]
