@@ -106,6 +106,13 @@ def test_instruction_does_not_reveal_the_way(drawn):
                        for path in task.environment.files), task.id
 
 
+def test_no_pipeline_stage_filters_with_sed(drawn):
+    """sed's words were no tokens the policy could copy (``s/door/`` is ``/d o or`` to the path-component
+    tokenizer): no stage file, on the way or a decoy, gives a sed filter."""
+    filters = [f.content.splitlines()[0] for task in drawn["pipeline"] for f in task.environment.files.values()]
+    assert filters and not any(f.startswith("sed") for f in filters)
+
+
 def _run(backend, verifier, task: Task, commands: list[str], label: str):
     with backend.open(task, f"{task.id}-{label}") as sandbox:
         results = [sandbox.exec(command) for command in commands]
@@ -191,16 +198,13 @@ def test_explore_copies_in_the_order_grep_lists(outcomes):
 
 
 def test_explore_lists_the_whole_tree_once_and_copies_far_from_it(outcomes):
-    """One grep lists every file to copy as a whole path (what each ``cp`` copies), across 2-3 subdirectories,
-    and no pipeline stage filters with sed (its words were no tokens the policy could copy)."""
+    """One grep lists every file to copy as a whole path (what each ``cp`` copies), across 2-3 subdirectories."""
     for task, label, results, _ in outcomes:
         if label == "oracle" and task.family == "explore":
             commands = task.oracle.commands
             assert [c.split()[0] for c in commands] == ["mkdir", "grep"] + ["cp"] * (len(commands) - 2), task.id
             listed = results[1].stdout.split()
             assert 6 <= len(listed) <= 8 and len({path.split("/")[3] for path in listed}) >= 2, task.id
-        if label == "oracle" and task.family == "pipeline":
-            assert not any(c.startswith("sed") or " sed " in c for c in task.oracle.commands), task.id
 
 
 def test_t1_audit_passes_one_task_of_each_long_family():
