@@ -2,12 +2,17 @@
 
 S3 has no locks and no rename, but it has conditional writes: ``PutObject`` with ``If-None-Match: *``
 creates a key only if it is absent, ``If-Match: ETAG`` replaces it only if nobody replaced it since.
-A writer therefore holds ``segments/<writer>/writer.lease`` ({holder, pid, host, expires_at}):
+A writer therefore holds ``segments/<writer>/writer.lease`` ({holder, pid, host, process, expires_at}):
 
 - **acquire**: create the lease (``If-None-Match``). If one exists and has expired (its writer died or
   stalled past ``lease_s``), take it over with ``If-Match`` on the expired lease's ETag, so two writers
   racing for one stale lease cannot both win. A live lease refuses the writer (``WriterBusy``, naming the
-  holder and when the lease expires).
+  holder and when the lease expires). One exception: a holder that ran on this very machine and process
+  namespace (the lease's ``process``: boot id, pid namespace, the pid's start time) and is gone (no such
+  process, a zombie, or the pid now another process's) is dead for sure, and its lease is taken over the same
+  way ``DEAD_HOLDER_GRACE_S`` after it was seen gone (requests it sent before dying may still be landing): a
+  campaign killed whole and relaunched (``t1-actor launch --resume``) or an actor restarted
+  by its supervisor does not wait ``lease_s`` for its own dead writers.
 - **renew**: at the start of each commit, before any chunk is written, the writer replaces its lease with
   ``If-Match`` on its own last ETag and a new expiry. If that fails, another writer took the segment over
   (this one had stalled past its lease): the commit is refused (``WriterBusy``) and nothing of it is
@@ -17,7 +22,8 @@ A writer therefore holds ``segments/<writer>/writer.lease`` ({holder, pid, host,
 - **release**: delete the lease (if still ours).
 
 Guarantee: with clocks within ``lease_s / 3`` of each other, at most one writer's commits become visible
-for each commit number, and a writer killed with ``kill -9`` frees its segment ``lease_s`` later. The
+for each commit number, and a writer killed with ``kill -9`` frees its segment for its own machine within
+``DEAD_HOLDER_GRACE_S``, ``lease_s`` later for any other. The
 one window left: a writer that stalls for more than ``lease_s`` between its renewal and its chunk writes
 of the same commit (microseconds apart) could overwrite a successor's chunk; the commit records'
 checksums then name the damaged chunk (S3 has no fencing token that would refuse the write itself).
@@ -30,6 +36,7 @@ import os
 import socket
 import time
 import uuid
+from pathlib import Path
 from typing import Any, TypeGuard
 
 from zarr.abc.store import Store
@@ -40,6 +47,7 @@ from storage.errors import LogError, WriterBusy
 
 LEASE_FILE = "writer.lease"
 DEFAULT_LEASE_S = 30.0
+DEAD_HOLDER_GRACE_S = 2.0  # a dead holder's last PUTs, sent before it died, land within this (loopback: ms)
 
 
 def is_s3(store: Store) -> TypeGuard[FsspecStore]:
@@ -72,6 +80,36 @@ def conditional_put(store: FsspecStore, key: str, data: bytes, *, if_match: str 
     return etag
 
 
+def _process_identity(pid: int) -> str | None:
+    """``boot id/pid namespace/pid/start time`` of a process of this machine, or None where it cannot be read
+    (no /proc): the identity under which a lease's holder can be known dead from here."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return f"{boot}/{namespace}/{pid}/{fields[19]}"
+
+
+def _holder_is_dead(lease: dict[str, Any]) -> bool:
+    """The lease's writer ran in this machine's boot and pid namespace and that process is gone: its pid
+    names no process, a zombie (killed, not reaped yet) or a process started since (the pid reused)."""
+    recorded, pid = lease.get("process"), lease.get("pid")
+    if not isinstance(recorded, str) or not isinstance(pid, int):
+        return False
+    ours = _process_identity(os.getpid())
+    if ours is None or recorded.split("/")[:2] != ours.split("/")[:2]:
+        return False  # another machine or namespace (or a boot ago, where the pid is surely gone: expiry decides)
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return state in ("Z", "X") or _process_identity(pid) != recorded
+
+
 def _read(store: FsspecStore, key: str) -> tuple[dict[str, Any] | None, str | None]:
     bucket, name = _bucket_key(store, key)
     try:
@@ -92,6 +130,7 @@ class S3Lease:
         self.store, self.writer_id, self.lease_s = store, writer_id, lease_s
         self.key = f"{segment_dir}/{LEASE_FILE}"
         self.holder = uuid.uuid4().hex
+        self.process = _process_identity(os.getpid())  # read once: the lease is rewritten at every commit
         self.etag: str | None = None
         self.renewed_at = 0.0
         self._acquire()
@@ -99,7 +138,8 @@ class S3Lease:
     def _body(self) -> bytes:
         now = time.time()
         return json.dumps({"holder": self.holder, "pid": os.getpid(), "host": socket.gethostname(),
-                           "expires_at": now + self.lease_s, "renewed_at": now}).encode()
+                           "process": self.process, "expires_at": now + self.lease_s,
+                           "renewed_at": now}).encode()
 
     def _acquire(self) -> None:
         try:
@@ -107,12 +147,15 @@ class S3Lease:
         except FileExistsError:
             current, etag = _read(self.store, self.key)
             expires = float((current or {}).get("expires_at", 0.0))
-            if current is not None and expires > time.time():
+            dead = current is not None and _holder_is_dead(current)
+            if current is not None and expires > time.time() and not dead:
                 raise WriterBusy(
                     f"segment {self.writer_id!r} is held by {current.get('host')}:{current.get('pid')} until its "
                     f"lease expires in {expires - time.time():.0f} s ({self.key}); give each actor instance its "
                     "own writer id, or wait for a killed writer's lease to expire") from None
-            try:  # expired (or vanished between the two calls): take it over, at most one of us wins
+            if dead and expires > time.time():
+                time.sleep(max(0.0, min(DEAD_HOLDER_GRACE_S, expires - time.time())))
+            try:  # expired, its holder dead, or vanished meanwhile: take it over, at most one of us wins
                 self.etag = (conditional_put(self.store, self.key, self._body(), if_match=etag) if etag
                              else conditional_put(self.store, self.key, self._body()))
             except (FileExistsError, PermissionError):

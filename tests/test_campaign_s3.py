@@ -1,18 +1,24 @@
 """A campaign whose event log lives on S3 (``[storage] url``), against a real S3-API server (moto's server
 mode on loopback, tests/conftest.py): every actor and the job append to the log there, the run directory
 keeps only the rest (tokenizer, weights, summary, report) and records the log's URL, and ``t1-replay``
-reads the log by that URL. A bad URL is refused before any phase starts, naming it."""
+reads the log by that URL. The campaign is killed whole (every process, SIGKILL) after its first learner step and
+relaunched with ``--resume``: the new writers take over their dead predecessors' S3 leases (storage/_lease.py) and
+the run ends as one. A bad URL is refused before any phase starts, naming it."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from fixtures.campaign import ROOT, SMALL, launch, micro_config
 
+from schemas import LearnerStep
 from storage import EventLog
+from tools._replay.audit import audit_log
+from tools.chaos._relaunch import kill_campaign
 
 
 def _replay(*args: str) -> subprocess.CompletedProcess:
@@ -28,9 +34,25 @@ def s3_run(s3_endpoint, tmp_path_factory, quick_campaign):
     url = f"s3://t1-tests/{tmp.name}/log"
     run_dir = tmp / "run"
     changes = {**SMALL, "campaign": {**SMALL["campaign"], "warm_start_from": str(quick_campaign.run_dir)}}
-    process = launch(micro_config(tmp, storage={"url": url}, **changes), run_dir)
-    output, _ = process.communicate(timeout=900)
-    return process.returncode, output, run_dir, url, tmp
+    config = micro_config(tmp, storage={"url": url}, **changes)
+    first = launch(config, run_dir)
+    deadline = time.monotonic() + 900
+    while first.poll() is None and time.monotonic() < deadline and not _learner_steps(url):
+        time.sleep(1.0)
+    killed = kill_campaign(first.pid) if first.poll() is None else {}
+    first_output, _ = first.communicate(timeout=60)
+    assert len(killed) >= 7, first_output[-4000:]  # the launcher and six actors, killed in RL
+    assert len(_learner_steps(url)) == 1, first_output[-4000:]
+    relaunched = launch(config, run_dir, None, "--resume")
+    output, _ = relaunched.communicate(timeout=900)
+    return relaunched.returncode, output, run_dir, url, tmp
+
+
+def _learner_steps(url: str) -> list[LearnerStep]:
+    try:
+        return [e for _, e in EventLog.open(url).events(kinds=["learner_step"]) if isinstance(e, LearnerStep)]
+    except Exception:  # not created yet
+        return []
 
 
 @pytest.mark.slow
@@ -48,6 +70,20 @@ def test_a_campaign_keeps_its_log_on_s3_and_the_rest_in_the_run_directory(s3_run
     # every actor and the job wrote its own segment there
     assert {"campaign", "staleness-0", "sampler-0", "sandbox-0", "verifier-0", "critic-0", "learner-0"} <= set(
         log.segments())
+
+
+@pytest.mark.slow
+def test_the_campaign_killed_whole_went_on_from_its_s3_log(s3_run):
+    code, output, run_dir, url, _ = s3_run
+    assert code == 0, output[-4000:]
+    assert "resume:" in output and "oracle pool" not in output  # phases 1-3 skipped
+    log = EventLog.open(url)
+    steps = [e for _, e in log.events(kinds=["learner_step"]) if isinstance(e, LearnerStep)]
+    assert [s.step for s in steps] == [0, 1]
+    trained = [t for s in steps for t in s.trials]
+    assert len(trained) == len(set(trained)), "a trial was trained twice"
+    audit = audit_log(log, run_dir)
+    assert audit.clean and audit.trials_unaccounted == 0, audit.to_json()
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """The event log on a real S3-API server (moto's server mode, loopback): one writer per segment without
-``flock`` (a lease by conditional put), a killed writer's segment reopening after its lease, a stalled
+``flock`` (a lease by conditional put), a killed writer's segment reopening (at once on its own machine), a stalled
 writer fenced off, kill -9 losing only the uncommitted tail, and clear errors naming the URL. The log API's
 own round trips run on S3 too (test_storage_log.py, the ``s3`` parameter)."""
 
@@ -21,9 +21,9 @@ from storage import EventLog, LogError, WriterBusy
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-def spawn_appender(url: str, seed: int) -> subprocess.Popen:
+def spawn_appender(url: str, seed: int, lease_s: float = SHORT_LEASE.lease_s) -> subprocess.Popen:
     """A fresh interpreter appending until killed (a forked child would inherit the parent's S3 client)."""
-    code = f"from fixtures.s3_appender import append_forever; append_forever({url!r}, 'w', {seed})"
+    code = f"from fixtures.s3_appender import append_forever; append_forever({url!r}, 'w', {seed}, {lease_s})"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
 
@@ -56,7 +56,7 @@ def test_a_stalled_writer_whose_lease_was_taken_over_cannot_commit(s3_url):
     assert [e for _, e in EventLog.open(s3_url).events()] == [mixed_event(0), mixed_event(1)]
 
 
-def test_kill_9_loses_only_the_uncommitted_tail_and_the_segment_reopens_after_the_lease(s3_url):
+def test_kill_9_loses_only_the_uncommitted_tail_and_the_segment_reopens(s3_url):
     EventLog.open(s3_url, create=True, config=SHORT_LEASE)
     reader = EventLog.open(s3_url, config=SHORT_LEASE)
     cursor = reader.cursor()
@@ -70,9 +70,6 @@ def test_kill_9_loses_only_the_uncommitted_tail_and_the_segment_reopens_after_th
         time.sleep(rng.uniform(0.0, 0.6))  # then anywhere in appends, chunk writes, lease renewals, commits
         child.send_signal(signal.SIGKILL)
         assert child.wait(10) == -signal.SIGKILL
-        if round_ == 0:  # its lease outlives it (1 s here): nobody else may write the segment meanwhile
-            with pytest.raises(WriterBusy, match="lease expires"):
-                reader.writer("w", **ROUTING)
         fresh = cursor.poll()
         assert [eid for eid, _ in fresh] == [f"w:{i}" for i in range(committed, committed + len(fresh))]
         for event_id, event in fresh:  # whole, bit-exact events only
@@ -82,9 +79,55 @@ def test_kill_9_loses_only_the_uncommitted_tail_and_the_segment_reopens_after_th
     log = EventLog.open(s3_url, config=SHORT_LEASE)
     log.verify()
     assert [e for _, e in log.events()] == [mixed_event(i, "w") for i in range(committed)]
-    time.sleep(1.1)
-    with log.writer("w", **ROUTING) as writer:  # then the segment reopens by itself and continues
+    with log.writer("w", **ROUTING) as writer:  # then the segment reopens and continues
         assert writer.append(mixed_event(committed, "w")) == f"w:{committed}"
+
+
+def test_a_writer_killed_on_this_machine_frees_its_segment_at_once_a_stopped_one_does_not(s3_url):
+    """A relaunch (or a supervisor's restart) takes over its own dead writers' segments without waiting out a
+    60-s lease; a writer that is only stopped (SIGSTOP) still holds it."""
+    long_lease = TINY_CHUNKS.model_copy(update={"lease_s": 60.0})
+    reader = EventLog.open(s3_url, create=True, config=long_lease)
+    child = spawn_appender(s3_url, 0, lease_s=60.0)
+    deadline = time.monotonic() + 60
+    while not reader.counts() and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.1)
+    child.send_signal(signal.SIGSTOP)
+    with pytest.raises(WriterBusy, match=r"lease expires in \d+ s"):
+        reader.writer("w", **ROUTING)
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(10) == -signal.SIGKILL
+    committed = sum(reader.counts().values())
+    started = time.monotonic()
+    with reader.writer("w", **ROUTING) as writer:
+        assert writer.append(mixed_event(committed, "w")) == f"w:{committed}"
+        writer.commit()
+    assert time.monotonic() - started < 30.0  # the 2-s grace for its last requests, not the 60-s lease
+    assert [e for _, e in EventLog.open(s3_url).events()] == [mixed_event(i, "w") for i in range(committed + 1)]
+
+
+def test_a_lease_holder_is_known_dead_only_from_its_own_machine_and_namespace():
+    from storage._lease import _holder_is_dead, _process_identity
+
+    ours = _process_identity(os.getpid())
+    assert _holder_is_dead({"pid": os.getpid(), "process": ours}) is False  # alive
+    boot, namespace, _, _ = ours.split("/")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone_identity = f"{boot}/{namespace}/{gone.pid}/1"
+    gone.wait()
+    assert _holder_is_dead({"pid": gone.pid, "process": gone_identity}) is True  # no such process
+    assert _holder_is_dead({"pid": os.getpid(), "process": f"{boot}/{namespace}/{os.getpid()}/1"}) is True  # reused
+    assert _holder_is_dead({"pid": gone.pid, "process": f"other-boot/{namespace}/{gone.pid}/1"}) is False
+    assert _holder_is_dead({"pid": gone.pid, "process": f"{boot}/1/{gone.pid}/1"}) is False  # another pid namespace
+    assert _holder_is_dead({"pid": gone.pid}) is False  # a lease written before the identity: expiry decides
+    zombie = subprocess.Popen(["sleep", "60"])
+    identity = _process_identity(zombie.pid)
+    os.kill(zombie.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while "Z" not in open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _holder_is_dead({"pid": zombie.pid, "process": identity}) is True  # killed, not reaped yet
+    zombie.wait()
 
 
 def test_a_missing_bucket_and_an_unreachable_endpoint_are_named(s3_endpoint):
