@@ -57,7 +57,8 @@ class StorageConfig(BaseModel):
     fsync: bool = Field(False, description="fsync chunks and commit records (survive a power cut, not only a "
                         "killed process); LocalStore only, object stores are durable on put")
     lease_s: float = Field(30.0, ge=0.5, description="object stores (S3): a writer's lease on its segment; a "
-                           "killed writer's segment reopens this long after its last commit (storage/_lease.py)")
+                           "killed writer's segment reopens this long after its last commit (2 s after it is seen dead "
+                           "from its own machine: storage/_lease.py)")
     cache_chunks: int = Field(32, ge=1, description="decoded header chunks a reader keeps")
     readahead_chunks: int = Field(8, ge=1, description="header chunks a reader fetches at once on a miss")
     read_block_bytes: int = Field(16 << 20, ge=0, description="payload bytes a reader fetches in one read per "
