@@ -92,13 +92,13 @@ def _process_identity(pid: int) -> str | None:
     return f"{boot}/{namespace}/{pid}/{fields[19]}"
 
 
-def _holder_is_dead(lease: dict[str, Any]) -> bool:
-    """The lease's writer ran in this machine's boot and pid namespace and that process is gone: its pid
-    names no process, a zombie (killed, not reaped yet) or a process started since (the pid reused)."""
+def _holder_is_dead(lease: dict[str, Any], ours: str | None) -> bool:
+    """The lease's writer ran in this machine's boot and pid namespace (those of ``ours``, this process's
+    ``_process_identity``) and that process is gone: its pid names no process, a zombie (killed, not reaped
+    yet) or a process started since (the pid reused)."""
     recorded, pid = lease.get("process"), lease.get("pid")
     if not isinstance(recorded, str) or not isinstance(pid, int):
         return False
-    ours = _process_identity(os.getpid())
     if ours is None or recorded.split("/")[:2] != ours.split("/")[:2]:
         return False  # another machine or namespace (or a boot ago, where the pid is surely gone: expiry decides)
     try:
@@ -147,7 +147,7 @@ class S3Lease:
         except FileExistsError:
             current, etag = _read(self.store, self.key)
             expires = float((current or {}).get("expires_at", 0.0))
-            dead = current is not None and _holder_is_dead(current)
+            dead = current is not None and _holder_is_dead(current, self.process)
             if current is not None and expires > time.time() and not dead:
                 raise WriterBusy(
                     f"segment {self.writer_id!r} is held by {current.get('host')}:{current.get('pid')} until its "

@@ -110,23 +110,23 @@ def test_a_lease_holder_is_known_dead_only_from_its_own_machine_and_namespace():
     from storage._lease import _holder_is_dead, _process_identity
 
     ours = _process_identity(os.getpid())
-    assert _holder_is_dead({"pid": os.getpid(), "process": ours}) is False  # alive
+    assert _holder_is_dead({"pid": os.getpid(), "process": ours}, ours) is False  # alive
     boot, namespace, _, _ = ours.split("/")
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone_identity = f"{boot}/{namespace}/{gone.pid}/1"
     gone.wait()
-    assert _holder_is_dead({"pid": gone.pid, "process": gone_identity}) is True  # no such process
-    assert _holder_is_dead({"pid": os.getpid(), "process": f"{boot}/{namespace}/{os.getpid()}/1"}) is True  # reused
-    assert _holder_is_dead({"pid": gone.pid, "process": f"other-boot/{namespace}/{gone.pid}/1"}) is False
-    assert _holder_is_dead({"pid": gone.pid, "process": f"{boot}/1/{gone.pid}/1"}) is False  # another pid namespace
-    assert _holder_is_dead({"pid": gone.pid}) is False  # a lease written before the identity: expiry decides
+    assert _holder_is_dead({"pid": gone.pid, "process": gone_identity}, ours) is True  # no such process
+    assert _holder_is_dead({"pid": os.getpid(), "process": f"{boot}/{namespace}/{os.getpid()}/1"}, ours) is True  # reused
+    assert _holder_is_dead({"pid": gone.pid, "process": f"other-boot/{namespace}/{gone.pid}/1"}, ours) is False
+    assert _holder_is_dead({"pid": gone.pid, "process": f"{boot}/1/{gone.pid}/1"}, ours) is False  # another pid namespace
+    assert _holder_is_dead({"pid": gone.pid}, ours) is False  # a lease written before the identity: expiry decides
     zombie = subprocess.Popen(["sleep", "60"])
     identity = _process_identity(zombie.pid)
     os.kill(zombie.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while "Z" not in open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _holder_is_dead({"pid": zombie.pid, "process": identity}) is True  # killed, not reaped yet
+    assert _holder_is_dead({"pid": zombie.pid, "process": identity}, ours) is True  # killed, not reaped yet
     zombie.wait()
 
 
