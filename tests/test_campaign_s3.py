@@ -1,9 +1,9 @@
 """A campaign whose event log lives on S3 (``[storage] url``), against a real S3-API server (moto's server
 mode on loopback, tests/conftest.py): every actor and the job append to the log there, the run directory
 keeps only the rest (tokenizer, weights, summary, report) and records the log's URL, and ``t1-replay``
-reads the log by that URL. The campaign is killed whole (every process, SIGKILL) after its first learner step and
-relaunched with ``--resume``: the new writers take over their dead predecessors' S3 leases (storage/_lease.py) and
-the run ends as one. A bad URL is refused before any phase starts, naming it."""
+reads the log by that URL. The campaign is killed whole (every process, SIGKILL) once its first learner step's
+weights are out and relaunched with ``--resume``: the new writers take over their dead predecessors' S3 leases
+(storage/_lease.py) and the run ends as one. A bad URL is refused before any phase starts, naming it."""
 
 from __future__ import annotations
 
@@ -17,8 +17,11 @@ from fixtures.campaign import ROOT, SMALL, launch, micro_config
 
 from schemas import LearnerStep
 from storage import EventLog
+from t1_actors.layout import weights_dir
 from tools._replay.audit import audit_log
 from tools.chaos._relaunch import kill_campaign
+
+RL_STEPS = 4  # killed once step 0's weights are out: the relaunch has steps left to take
 
 
 def _replay(*args: str) -> subprocess.CompletedProcess:
@@ -33,16 +36,17 @@ def s3_run(s3_endpoint, tmp_path_factory, quick_campaign):
     tmp = tmp_path_factory.mktemp("campaign-s3")
     url = f"s3://t1-tests/{tmp.name}/log"
     run_dir = tmp / "run"
-    changes = {**SMALL, "campaign": {**SMALL["campaign"], "warm_start_from": str(quick_campaign.run_dir)}}
+    changes = {**SMALL, "campaign": {**SMALL["campaign"], "rl_steps": RL_STEPS, "rl_seconds": 900,
+                                     "warm_start_from": str(quick_campaign.run_dir)}}
     config = micro_config(tmp, storage={"url": url}, **changes)
     first = launch(config, run_dir)
-    deadline = time.monotonic() + 900
-    while first.poll() is None and time.monotonic() < deadline and not _learner_steps(url):
-        time.sleep(1.0)
+    deadline = time.monotonic() + 900  # until the first step's weights are out (a local file: a cheap poll)
+    while first.poll() is None and time.monotonic() < deadline and not weights_dir(run_dir, 1).is_dir():
+        time.sleep(0.2)
     killed = kill_campaign(first.pid) if first.poll() is None else {}
     first_output, _ = first.communicate(timeout=60)
-    assert len(killed) >= 7, first_output[-4000:]  # the launcher and six actors, killed in RL
-    assert len(_learner_steps(url)) == 1, first_output[-4000:]
+    before = len(_learner_steps(url))
+    assert len(killed) >= 7 and before < RL_STEPS, (before, first_output[-4000:])  # all seven processes, in RL
     relaunched = launch(config, run_dir, None, "--resume")
     output, _ = relaunched.communicate(timeout=900)
     return relaunched.returncode, output, run_dir, url, tmp
@@ -66,7 +70,9 @@ def test_a_campaign_keeps_its_log_on_s3_and_the_rest_in_the_run_directory(s3_run
     counts = log.counts()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["events"] == counts
-    assert counts["learner_step"] == 2 and counts["weights_published"] == 3  # version 0 + one per step
+    assert counts["learner_step"] == RL_STEPS
+    published = {e.version for _, e in log.events(kinds=["weights_published"])}
+    assert published == set(range(RL_STEPS + 1))  # version 0 + one a step
     # every actor and the job wrote its own segment there
     assert {"campaign", "staleness-0", "sampler-0", "sandbox-0", "verifier-0", "critic-0", "learner-0"} <= set(
         log.segments())
@@ -79,7 +85,7 @@ def test_the_campaign_killed_whole_went_on_from_its_s3_log(s3_run):
     assert "resume:" in output and "oracle pool" not in output  # phases 1-3 skipped
     log = EventLog.open(url)
     steps = [e for _, e in log.events(kinds=["learner_step"]) if isinstance(e, LearnerStep)]
-    assert [s.step for s in steps] == [0, 1]
+    assert [s.step for s in steps] == list(range(RL_STEPS))
     trained = [t for s in steps for t in s.trials]
     assert len(trained) == len(set(trained)), "a trial was trained twice"
     audit = audit_log(log, run_dir)
@@ -92,7 +98,7 @@ def test_t1_replay_report_and_drift_read_the_log_by_its_url(s3_run):
     assert code == 0, output[-4000:]
     report = _replay("report", url, "--out", str(tmp / "report"), "--json")
     assert report.returncode == 0, report.stderr[-3000:]
-    assert json.loads(report.stdout)["learner_steps"] == EventLog.open(url).counts()["learner_step"] == 2
+    assert json.loads(report.stdout)["learner_steps"] == EventLog.open(url).counts()["learner_step"] == RL_STEPS
     assert list((tmp / "report").glob("*.png"))
     drift = _replay("drift", url, "--limit", "4", "--json")
     assert drift.returncode == 0, drift.stderr[-3000:]
