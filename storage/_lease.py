@@ -86,10 +86,15 @@ def _process_identity(pid: int) -> str | None:
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         namespace = os.stat("/proc/self/ns/pid").st_ino
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = _stat_fields(pid)
     except OSError:
         return None
     return f"{boot}/{namespace}/{pid}/{fields[19]}"
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/PID/stat`` after the command name: state first, start time at index 19."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def _holder_is_dead(lease: dict[str, Any], ours: str | None) -> bool:
@@ -102,12 +107,13 @@ def _holder_is_dead(lease: dict[str, Any], ours: str | None) -> bool:
     if ours is None or recorded.split("/")[:2] != ours.split("/")[:2]:
         return False  # another machine or namespace (or a boot ago, where the pid is surely gone: expiry decides)
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        fields = _stat_fields(pid)  # read once: its state and start time
     except FileNotFoundError:
         return True
     except OSError:
         return False
-    return state in ("Z", "X") or _process_identity(pid) != recorded
+    boot, namespace = ours.split("/")[:2]
+    return fields[0] in ("Z", "X") or f"{boot}/{namespace}/{pid}/{fields[19]}" != recorded
 
 
 def _read(store: FsspecStore, key: str) -> tuple[dict[str, Any] | None, str | None]:
