@@ -1,9 +1,9 @@
 """Fixtures shared across test modules, and how the suite shares the machine.
 
 The suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``, pyproject's addopts; ``-n 0`` runs it in
-one process). A test module is one work unit, so its module-scoped fixtures (a campaign each) run once; the
-modules that read the session's ``quick_campaign`` are one unit (which runs it; a module elsewhere that warm-starts
-from it waits for that run and shares it). A test marked ``alone``
+one process). A test module is one work unit, so its module-scoped fixtures (a campaign each) run once; the session's
+``quick_campaign`` runs once for both workers (the first module to ask runs it, the others wait for it and read it),
+so its readers spread over both workers instead of queueing on one. A test marked ``alone``
 (and every ``netns`` test) runs with no other test at the same time: its assertions time heartbeats and outages,
 and two namespace tests would share bridge names."""
 
@@ -27,8 +27,10 @@ SGLANG_SETUP_TIMEOUT_S = 1800
 
 
 # the work units that take longest go first (longest first balances two workers; pyproject keeps xdist from
-# reordering them by their number of tests); minutes each on 2 cores
-FIRST = ("quick_campaign", "test_campaign_qwen3", "test_chaos")
+# reordering them by their number of tests). From CI's --durations at 7dcb2c9: test_campaign runs the quick
+# campaign (229 s) and ~400 s of its own, qwen3's campaign 756 s, slurm ~480 s and netns ~300 s (both alone)
+FIRST = ("test_campaign", "test_campaign_qwen3", "test_slurm", "test_campaign_netns", "test_chaos",
+         "test_campaign_sglang")
 
 
 def pytest_configure(config):
@@ -36,22 +38,20 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "alone: runs with no other test at the same time (under pytest-xdist)")
 
 
-def _work_unit(item, quick_modules: set[str]) -> str:
-    module = item.module.__name__
-    return "quick_campaign" if module in quick_modules else module
+def _work_unit(item) -> str:
+    return item.module.__name__
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
-    """Each test joins its work unit (an ``xdist_group``: its module, or ``quick_campaign`` for every module
-    that reads that run), the longest units first. While .ci/run installs the SGLang venv beside the tests, the
-    tests that need it run last: the install overlaps everything else instead of delaying it."""
-    quick_modules = {item.module.__name__ for item in items if "quick_campaign" in item.fixturenames}
+    """Each test joins its work unit (an ``xdist_group``: its module), the longest units first. While .ci/run
+    installs the SGLang venv beside the tests, the tests that need it run last: the install overlaps everything
+    else instead of delaying it."""
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_work_unit(item, quick_modules)))
+        item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
 
     def order(item) -> tuple[bool, int]:
-        unit = _work_unit(item, quick_modules)
+        unit = _work_unit(item)
         sglang = bool(os.environ.get(SGLANG_SETUP_STATUS)) and item.get_closest_marker("sglang_venv") is not None
         return sglang, FIRST.index(unit) if unit in FIRST else len(FIRST)
 
@@ -190,8 +190,8 @@ def quick_campaign(tmp_path_factory, worker_id):
     copies it first.
 
     Under pytest-xdist it is run once for all workers: the first to ask runs it under a file lock in the run's
-    common temp directory, a later one waits for the lock and reads the result (a module that warm-starts from
-    it need not share the readers' work unit)."""
+    common temp directory, a later one waits for the lock and reads the result (its readers need not share a
+    work unit)."""
     from fixtures.campaign import QUICK, CampaignRun, run_micro_campaign
 
     if worker_id == "master":  # one process (-n 0)
