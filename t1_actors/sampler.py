@@ -4,8 +4,10 @@
   of every fed position, the policy version used, finish reason), and a ``SamplerTurn`` event in the log.
 - ``Cancel`` for a trial ends its generation at the next token: the reply (and the event) carry what
   was sampled so far with ``finish_reason='cancelled'``, so a partial rollout is never lost.
-- A backend that cannot serve (``BackendUnavailable``: an SGLang server gone mid-rollout) ends the turn
-  with ``finish_reason='error'`` and the reason, in the reply and the event: the trial is an
+- A backend that cannot serve (``BackendUnavailable``: an SGLang server gone mid-rollout) is asked again
+  until it answers, for at most ``[sampler] sglang_server_wait_s`` (a supervised local server restarts on
+  the same URL): the turn in flight is sampled again by the new start and the trial goes on. Past the wait
+  the turn ends with ``finish_reason='error'`` and the reason, in the reply and the event: the trial is an
   infrastructure failure, never a reward of 0. Every turn's event names the engine that served it.
 - ``PolicyUpdate`` is acknowledged once the checksum is verified; the version is then loaded between
   generations (new admissions wait while in-flight ones finish; the backend never mixes two versions
@@ -18,7 +20,10 @@ top-p, dtype, batching) and ``[model]``; options of the ``[[actors]]`` entry: ``
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -38,6 +43,12 @@ from t1_actors.policy import ModelConfig, MoEPolicy
 from t1_actors.policy.generation import Generation, TurnPrefix
 from t1_actors.policy.sampling import SamplingParams
 from t1_actors.runtime.actor import Actor, handles
+
+T = TypeVar("T")
+
+
+class _CancelledInOutage(Exception):
+    """The trial was cancelled while its turn waited for the backend to come back."""
 
 
 class SamplerOptions(BaseModel):
@@ -71,6 +82,7 @@ class SamplerActor(Actor):
         self._turns = 0
         self._version_loaded = trio.Event()  # set (and replaced) at each load
         self._gave_up_on = -1  # the newest wanted version a wait for timed out: not waited for again
+        self._server_gone = False  # a wait for the backend ran out: later turns fail at once until it answers
         self._updates_in, self._updates_out = trio.open_memory_channel[PolicyUpdate](math.inf)
 
     async def run(self) -> None:
@@ -101,7 +113,8 @@ class SamplerActor(Actor):
             if update.version <= backend.version:
                 continue
             try:
-                await backend.load_weights(update.location, update.version)
+                await self._through_outage(partial(backend.load_weights, update.location, update.version),
+                                           what=f"policy version {update.version}")
             except Exception as exc:  # keep serving the loaded version; the next announcement may succeed
                 self.logger.error("policy_load_failed", policy_version=update.version, location=update.location,
                                   error=str(exc))
@@ -144,12 +157,17 @@ class SamplerActor(Actor):
                                 top_p=request.top_p, stop_ids=tuple(request.stop_ids), seed=request.seed)
         generation: Generation | None = None
         error: str | None = None
+        spec = GenerateSpec(request_id, request.input_ids.tolist(), params, session_id=request.trial_id)
+        cancelled = trio.Event()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._cancel_when_asked, backend, request.trial_id, request_id)
-                spec = GenerateSpec(request_id, request.input_ids.tolist(), params, session_id=request.trial_id)
-                [generation] = await backend.generate([spec])
+                nursery.start_soon(self._cancel_when_asked, backend, request.trial_id, request_id, cancelled)
+                [generation] = await self._through_outage(lambda: backend.generate([spec]), what=request_id,
+                                                          cancelled=cancelled)
                 nursery.cancel_scope.cancel()
+        except* _CancelledInOutage:
+            generation = Generation(len(request.input_ids), np.zeros(0, np.int32), np.zeros(0, np.float32), None,
+                                    "cancelled", backend.version)
         except* BackendUnavailable as group:
             error = "; ".join(str(exc) for exc in group.exceptions)
             self.logger.error("sampler_backend_unavailable", trial_id=request.trial_id, turn=request.turn, error=error)
@@ -163,9 +181,42 @@ class SamplerActor(Actor):
                                            record_routing=request.record_routing))
         return generation.to_reply(request.trial_id, request.turn, prefix)
 
-    async def _cancel_when_asked(self, backend: SamplerBackend, trial_id: str, request_id: str) -> None:
+    async def _cancel_when_asked(self, backend: SamplerBackend, trial_id: str, request_id: str,
+                                 cancelled: trio.Event) -> None:
         await self.wait_cancel(trial_id)
-        await backend.cancel(request_id)
+        cancelled.set()
+        try:
+            await backend.cancel(request_id)
+        except BackendUnavailable:  # a server that is gone runs nothing to abort; the outage wait ends the turn
+            pass
+
+    async def _through_outage(self, call: Callable[[], Awaitable[T]], *, what: str,
+                              cancelled: trio.Event | None = None) -> T:
+        """``call()``, called again while it raises ``BackendUnavailable``, every 0.5-5 s for at most
+        ``sglang_server_wait_s``; then the error is raised, and later calls do not wait until one succeeds.
+        ``_CancelledInOutage`` once ``cancelled`` is set during a wait."""
+        wait_s = 0.0 if self._server_gone else self.sampler_config.sglang_server_wait_s
+        deadline, pause, tries = trio.current_time() + wait_s, 0.5, 0
+        while True:
+            try:
+                result = await call()
+            except BackendUnavailable as exc:
+                if trio.current_time() + pause > deadline:
+                    self._server_gone = self._server_gone or wait_s > 0
+                    raise
+                if tries == 0:
+                    self.logger.warning("sampler_backend_away", what=what, wait_s=wait_s, error=str(exc))
+                tries += 1
+                with trio.move_on_after(pause):
+                    await (cancelled.wait() if cancelled is not None else trio.sleep_forever())
+                if cancelled is not None and cancelled.is_set():
+                    raise _CancelledInOutage(what) from exc
+                pause = min(2 * pause, 5.0)
+                continue
+            if tries:
+                self.logger.info("sampler_backend_back", what=what, tries=tries)
+            self._server_gone = False
+            return result
 
     @handles(PolicyUpdate)
     async def policy_update(self, update: PolicyUpdate) -> Ack:

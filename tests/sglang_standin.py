@@ -21,15 +21,20 @@ from t1_actors.policy.sampling import SamplingParams, generate
 
 
 class SGLangStandIn:
-    def __init__(self, policy: MoEPolicy, weight_version: str = "0"):
+    def __init__(self, policy: MoEPolicy, weight_version: str = "0", port: int = 0):
+        """``port``: 0 for a free one; an earlier stand-in's to come back on its URL, as a restarted server does."""
         self.policy = policy
         self.weight_version = weight_version
         self.aborted: set[str] = set()
         self.progress: dict[str, threading.Event] = {}  # rid -> set once a few tokens are out
         self.requests: list[dict] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
 
     @property
     def url(self) -> str:

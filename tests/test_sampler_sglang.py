@@ -20,6 +20,7 @@ from t1_actors.backends.sampler_backend import GenerateSpec, SamplerBackend, Sam
 from t1_actors.backends.sglang_sampler import SGLangError, SGLangSampler
 from t1_actors.policy import MoEPolicy
 from t1_actors.policy.sampling import SamplingParams, generate
+from t1_actors.sampler import SamplerActor
 
 torch.set_num_threads(1)
 
@@ -126,3 +127,65 @@ async def test_http_errors_are_named():
     async with SGLangSampler.open(SamplerConfig(), model=CONFIG, transport=httpx.MockTransport(refuse)) as sampler:
         with pytest.raises(SGLangError, match="HTTP 400.*too long"):
             await sampler.generate([GenerateSpec("a", [1, 2], SamplingParams())])
+
+
+@trio_test
+async def test_the_sampler_actor_waits_out_a_server_restart_and_fails_a_lasting_outage_once(tmp_path):
+    """Through the sampler actor: a turn sent while its server is gone waits for it and is answered once a new
+    server serves the same URL (a supervised local server's restart): a real turn, not an error. A server gone for
+    longer than ``sglang_server_wait_s`` makes the turn an infrastructure failure naming the URL, and the next turn
+    fails without waiting again; once a server answers, turns are served again."""
+    from schemas import GenerateRequest, SamplerTurn
+    from storage import EventLog
+    from t1_actors.job.config import parse_config
+    from t1_actors.runtime.host import serve_actor
+    from t1_actors.runtime.peers import connect
+
+    wait_s = 8.0
+    policy = _policy(0)
+    first = SGLangStandIn(policy).__enter__()
+    config = parse_config({
+        "run": {"id": "outage", "dir": str(tmp_path / "run"), "hmac_key": "k" * 32}, "model": CONFIG.model_dump(),
+        "campaign": {"max_context": CONFIG.max_position},
+        "sampler": {"backend": "sglang", "sglang_url": first.url, "sglang_server_wait_s": wait_s},
+        "actors": [{"name": "sampler-0", "role": "sampler", "actor_class": "t1_actors.sampler:SamplerActor"}]})
+
+    def request(trial: str) -> GenerateRequest:
+        return GenerateRequest(trial_id=trial, turn=0, input_ids=np.asarray(_prompt(2), np.int32), max_new_tokens=6,
+                               temperature=1.0, top_p=1.0, seed=1)
+
+    servers = [first]
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_actor, SamplerActor, config, "sampler-0")
+            async with connect(config, "test") as peers:
+                sampler = peers("sampler")
+                served = await sampler.call(request("served"), deadline_s=60)  # the backend is open
+                first.__exit__()  # gone before the next turn is sent; back on its URL 2 s into the turn's wait
+
+                async def come_back_soon() -> None:
+                    await trio.sleep(2.0)
+                    servers.append(SGLangStandIn(policy, port=first.port).__enter__())
+
+                nursery.start_soon(come_back_soon)
+                restarted = await sampler.call(request("restart"), deadline_s=60)
+                servers[-1].__exit__()  # gone for good this time
+                start = trio.current_time()
+                lost = await sampler.call(request("lost"), deadline_s=60)
+                waited_s = trio.current_time() - start
+                start = trio.current_time()
+                after = await sampler.call(request("after"), deadline_s=60)
+                after_s = trio.current_time() - start
+                servers.append(SGLangStandIn(policy, port=first.port).__enter__())
+                back = await sampler.call(request("back"), deadline_s=60)
+            nursery.cancel_scope.cancel()
+    servers[-1].__exit__()
+    assert len(servers) == 3 and len(servers[1].requests) == 1 and len(servers[2].requests) == 1
+    want = generate(policy, [_prompt(2)], SamplingParams(max_new_tokens=6, temperature=1.0, seed=1))[0]
+    for reply in (served, restarted, back):
+        assert reply.finish_reason == want.finish_reason and np.array_equal(reply.output_ids, want.output_ids)
+    assert lost.finish_reason == after.finish_reason == "error" and first.url in lost.error
+    assert waited_s >= wait_s - 5.0 and after_s < wait_s - 5.0  # the second turn of the outage did not wait
+    turns = {turn.trial_id: turn for _, turn in EventLog.open(tmp_path / "run" / "log").events(kinds=["sampler_turn"])}
+    assert isinstance(turns["restart"], SamplerTurn) and turns["restart"].finish_reason != "error"
+    assert [turns[t].finish_reason for t in ("lost", "after")] == ["error", "error"]

@@ -184,14 +184,14 @@ async def test_abort_request_ends_a_generation_with_what_it_has(server):
     assert g.routing.shape == (len(prompt) + len(g.output_ids) - 1, MODEL.num_layers, MODEL.top_k)
 
 
-def _actor_config(tmp_path, server):
+def _actor_config(tmp_path, server, **sampler):
     from t1_actors.job.config import parse_config
 
     return parse_config({
         "run": {"id": "sglang-real", "dir": str(tmp_path / "run"), "hmac_key": "k" * 32},
         "model": MODEL.model_dump(),
         "campaign": {"max_context": MODEL.max_position},  # t1-actor check refuses a context the model cannot hold
-        "sampler": {"backend": "sglang", "sglang_url": server.url},
+        "sampler": {"backend": "sglang", "sglang_url": server.url, **sampler},
         "actors": [{"name": "sampler-0", "role": "sampler", "actor_class": "t1_actors.sampler:SamplerActor"}],
     })
 
@@ -316,47 +316,61 @@ def test_a_server_stops_when_the_process_that_started_it_is_killed(tmp_path):
 
 
 @trio_test
-async def test_a_server_killed_mid_rollout_is_an_infrastructure_failure(server, tmp_path):
-    """LAST in this module: it kills the module's server. The sampler actor answers the turn with
-    finish_reason 'error' and the reason naming the URL, logs it so; the trial ends as an infra error."""
+async def test_a_server_killed_mid_rollout_is_sampled_again_by_its_restart(server, tmp_path):
+    """LAST in this module: it kills the module's server. The server dies while the sampler actor's turn
+    generates and a new one starts on its URL (what ``ServerWatch`` does for a campaign's local server): the turn
+    waits for it (``sglang_server_wait_s``) and is sampled again by the new start, so the trial goes on; the log
+    holds that one turn, named by the new start. A client opened on a dead URL is refused, naming it (the turn
+    that outwaits ``sglang_server_wait_s`` is an infrastructure failure: tests/test_sampler_sglang.py)."""
     from t1_actors.runtime.host import serve_actor
     from t1_actors.runtime.peers import connect
     from t1_actors.sampler import SamplerActor
 
-    config = _actor_config(tmp_path, server)
+    config = _actor_config(tmp_path, server, sglang_server_wait_s=300.0)
     prompt = _prompt(7)
-    with trio.fail_after(240):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(serve_actor, SamplerActor, config, "sampler-0")
-            async with connect(config, "test") as peers:
-                sampler = peers("sampler")
+    port = int(server.url.rsplit(":", 1)[1])
+    restarted: list[SGLangServer] = []
 
-                async def sample(prompt_ids: np.ndarray, turn: int) -> Generation:
-                    nursery.start_soon(_kill_soon, server)  # the server dies while this turn generates
-                    reply = await sampler.call(GenerateRequest(
-                        trial_id="dies", turn=turn, input_ids=prompt_ids, max_new_tokens=CONTEXT - len(prompt_ids) - 1,
-                        temperature=1.0, top_p=1.0), deadline_s=120)
-                    return Generation.from_reply(reply, len(prompt_ids))
+    async def kill_and_restart() -> None:
+        await trio.sleep(1.0)  # ordering only: the turn is generating when the server dies
+        await trio.to_thread.run_sync(server.kill)
+        restarted.append(await trio.to_thread.run_sync(lambda: SGLangServer.start(
+            server.root / "weights" / "v00000", context_length=CONTEXT, max_concurrent=32, port=port,
+            weight_version=0, log_path=server.root / "server-restarted.log")))
 
-                async def execute(command: str, turn: int) -> ToolOutcome:
-                    raise AssertionError("no command runs: the only turn failed")
+    try:
+        with trio.fail_after(400):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve_actor, SamplerActor, config, "sampler-0")
+                async with connect(config, "test") as peers:
+                    sampler = peers("sampler")
 
-                rollout = await run_trial("task", sample=sample, execute=execute, encode=lambda _: prompt,
-                                          decode=lambda _: "", limits=RolloutLimits(max_turns=1, max_new_tokens=8,
-                                                                                    max_context=CONTEXT))
-            nursery.cancel_scope.cancel()
-    assert not server.alive()
-    assert rollout.turns == [] and rollout.finish == "sampler_error"  # nothing to verify, nothing scored
-    assert rollout.infra_error is not None and server.url in rollout.infra_error
-    turn = _turns(config.run.dir)["dies"]
-    assert turn.finish_reason == "error" and len(turn.sampled_ids) == 0 and server.url in turn.error
-    assert turn.engine == "sglang" and turn.engine_start_id == server.engine.start_id
+                    async def sample(prompt_ids: np.ndarray, turn: int) -> Generation:
+                        nursery.start_soon(kill_and_restart)
+                        reply = await sampler.call(GenerateRequest(
+                            trial_id="dies", turn=turn, input_ids=prompt_ids, max_new_tokens=16, temperature=1.0,
+                            top_p=1.0), deadline_s=380)
+                        return Generation.from_reply(reply, len(prompt_ids))
+
+                    async def execute(command: str, turn: int) -> ToolOutcome:
+                        return ToolOutcome(0, "", None)
+
+                    rollout = await run_trial("task", sample=sample, execute=execute, encode=lambda _: prompt,
+                                              decode=lambda _: "", limits=RolloutLimits(max_turns=1, max_new_tokens=16,
+                                                                                        max_context=CONTEXT))
+                nursery.cancel_scope.cancel()
+        assert not server.alive() and restarted and restarted[0].url == server.url
+        assert rollout.infra_error is None and len(rollout.turns) == 1 and rollout.finish != "sampler_error"
+        turn = _turns(config.run.dir)["dies"]
+        assert turn.finish_reason in ("stop", "length") and len(turn.sampled_ids) > 0 and turn.error is None
+        assert turn.engine == "sglang" and turn.engine_start_id == restarted[0].engine.start_id != server.engine.start_id
+        ours = token_logprobs(_policy(0), np.concatenate([turn.prompt_ids, turn.sampled_ids]), temperature=1.0)[0]
+        assert np.abs(ours[len(turn.prompt_ids):] - turn.sampler_logprobs).max() < 1e-2  # the same policy served it
+    finally:
+        for again in restarted:
+            again.stop()
     # never a silent fallback: a client opened on the dead URL is refused, naming it
     with pytest.raises(BackendUnavailable, match=server.url):
         async with SGLangSampler.open(_config(server), model=MODEL):
             pass
 
-
-async def _kill_soon(server) -> None:
-    await trio.sleep(1.0)  # ordering only: the turn is generating when the server dies
-    await trio.to_thread.run_sync(server.kill)

@@ -123,6 +123,13 @@ class SamplerConfig(BaseModel):
                                                            "latest published weights) at most this many times")
     sglang_restart_backoff_s: float = Field(2.0, ge=0, description="wait before a local server's restart, doubled "
                                                                    "per restart")
+    sglang_server_wait_s: float = Field(360.0, ge=0, description="sglang backend: how long a turn (or a version "
+                                                                 "load) whose server stopped answering waits for it "
+                                                                 "to answer again on its URL, as a supervised local "
+                                                                 "server does once restarted, then sends it again; "
+                                                                 "past it the turn is an infrastructure failure, and "
+                                                                 "later turns do not wait until the server answers "
+                                                                 "(0: fail at once)")
     request_timeout_s: float = Field(600.0, gt=0, description="sglang backend: HTTP timeout of a request to the "
                                                               "server, a whole generation included (connecting: 10 s)")
     weight_update_timeout_s: float = Field(600.0, gt=0, description="sglang backend: time the server has to load a "
