@@ -348,15 +348,15 @@ async def test_a_server_killed_mid_rollout_is_sampled_again_by_its_restart(serve
                     async def sample(prompt_ids: np.ndarray, turn: int) -> Generation:
                         nursery.start_soon(kill_and_restart)
                         reply = await sampler.call(GenerateRequest(
-                            trial_id="dies", turn=turn, input_ids=prompt_ids, max_new_tokens=16, temperature=1.0,
-                            top_p=1.0), deadline_s=380)
+                            trial_id="dies", turn=turn, input_ids=prompt_ids,
+                            max_new_tokens=CONTEXT - len(prompt_ids) - 1, temperature=1.0, top_p=1.0), deadline_s=380)
                         return Generation.from_reply(reply, len(prompt_ids))
 
                     async def execute(command: str, turn: int) -> ToolOutcome:
                         return ToolOutcome(0, "", None)
 
                     rollout = await run_trial("task", sample=sample, execute=execute, encode=lambda _: prompt,
-                                              decode=lambda _: "", limits=RolloutLimits(max_turns=1, max_new_tokens=16,
+                                              decode=lambda _: "", limits=RolloutLimits(max_turns=1, max_new_tokens=8,
                                                                                         max_context=CONTEXT))
                 nursery.cancel_scope.cancel()
         assert not server.alive() and restarted and restarted[0].url == server.url
