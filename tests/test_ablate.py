@@ -253,7 +253,12 @@ def _summary(rate_sft: float, rate_rl: float, gained: int, lost: int, label: str
             "eval_sft_best": {"temperature": 0.5, "resolved_rate": rate_sft},
             "eval_rl_best": {"temperature": 1.0, "resolved_rate": rate_rl, "label": label},
             "eval_change_vs_sft_best": {"tasks": 4, "gained": gained, "lost": lost, "mcnemar_p": 0.5,
-                                        "reward_delta": 0.01, "reward_delta_ci95": [-0.1, 0.12]}}
+                                        "reward_delta": 0.01, "reward_delta_ci95": [-0.1, 0.12]},
+            "turns": {"before_rl": {"mean": 2.5}, "after_rl": {"mean": 3.25}},
+            "tokens": {"before_rl": {"mean": 180.4}, "after_rl": {"mean": 201.0}},
+            "finishes": {"train": {"answered": 5, "context": 3}}, "context_edits": {"train": {"window": 7}},
+            "eval_change_vs_sft_best_long": {"resolved_before": 1, "resolved_after": 2, "tasks": 2, "gained": 1,
+                                             "lost": 0, "mcnemar_p": 1.0}}
 
 
 def _constructed_run(run_dir: Path, resolved: list[bool], evs: list[float], r3: bool = True) -> None:
@@ -319,3 +324,8 @@ def test_the_report_has_every_run_every_pair_and_the_verdict(tmp_path):
     assert "| binary | 0 | 25.0% (0.5) | 25.0% (1) | 1 / 0 |" in text
     assert "-2.00 / -2.00 / +0.60 | -3.00 -> +0.50 | 0.0200 | abcdef1 |" in text
     assert "| binary | 1 | - |" in text and "| binary | 1 | 4 | 2 / 0 | 0.5 |" in text and INCONCLUSIVE in text
+    # how each finished run played: turns and tokens before -> after RL, finishes, context edits, long tasks
+    assert dense0["play"] == {"turns": [2.5, 3.25], "tokens": [180.4, 201.0],
+                              "train_finishes": {"answered": 5, "context": 3}, "train_context_edits": {"window": 7},
+                              "long_resolved": [1, 2, 2]}
+    assert "| dense | 0 | 2.5 -> 3.2 | 180 -> 201 | answered 5, context 3 | window 7 | 1 -> 2 of 2 |" in text

@@ -110,6 +110,21 @@ def read_run(run_dir: Path, label: str | None) -> tuple[dict[str, Any], dict[str
     return dynamics, first_attempts(attempts)
 
 
+def play_row(summary: dict[str, Any]) -> dict[str, Any]:
+    """How a run's trials played, from its summary.json (None where it lacks the key): mean turns and tokens per
+    trajectory in the paired eval passes before and after RL, RL's train trials' finishes by reason and context
+    edits by strategy, and the long tasks' resolved counts at SFT's best and RL's best temperature."""
+    def means(key: str) -> list[float | None] | None:
+        q = summary.get(key)
+        return [(q.get(when) or {}).get("mean") for when in ("before_rl", "after_rl")] if isinstance(q, dict) else None
+
+    long = summary.get("eval_change_vs_sft_best_long")
+    return {"turns": means("turns"), "tokens": means("tokens"),
+            "train_finishes": (summary.get("finishes") or {}).get("train", {}),
+            "train_context_edits": (summary.get("context_edits") or {}).get("train", {}),
+            "long_resolved": [long["resolved_before"], long["resolved_after"], long["tasks"]] if long else None}
+
+
 def run_rows(runs) -> tuple[list[dict[str, Any]], dict[tuple[str, int], dict[str, Outcome]]]:
     """One row per planned run (``PlannedRun``) and the RL-best outcomes of each finished arm run by (arm, seed)."""
     rows, outcomes = [], {}
@@ -122,7 +137,7 @@ def run_rows(runs) -> tuple[list[dict[str, Any]], dict[tuple[str, int], dict[str
         summary = json.loads((run.run_dir / "summary.json").read_text())
         label = (summary.get("eval_rl_best") or {}).get("label")
         dynamics, outcome = read_run(run.run_dir, label)
-        rows.append({**row, "rl_best_label": label, **dynamics})
+        rows.append({**row, "rl_best_label": label, **dynamics, "play": play_row(summary)})
         if run.arm is not None and outcome:
             outcomes[(run.arm, run.seed)] = outcome
     return rows, outcomes
@@ -156,6 +171,19 @@ def _num(value: float | None, form: str = "+.2f") -> str:
     return "-" if value is None else format(value, form)
 
 
+def _play_cells(play: dict[str, Any]) -> str:
+    def arrow(pair: list[float | None] | None, form: str) -> str:
+        return " -> ".join("-" if v is None else format(v, form) for v in pair) if pair else "-"
+
+    def counts(by: dict[str, int]) -> str:
+        return ", ".join(f"{k} {n}" for k, n in by.items()) or "none"
+
+    long = play.get("long_resolved")
+    return " | ".join([arrow(play.get("turns"), ".1f"), arrow(play.get("tokens"), ".0f"),
+                       counts(play.get("train_finishes", {})), counts(play.get("train_context_edits", {})),
+                       f"{long[0]} -> {long[1]} of {long[2]}" if long else "-"])
+
+
 def markdown(report: dict[str, Any]) -> str:
     first = report["arms"][0]["name"]
     lines = [f"# Ablation of {report['config']}{' (--quick)' if report['quick'] else ''}: "
@@ -185,6 +213,14 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{_num(r.get('ev_first'))} / {_num(r.get('ev_min'))} / {_num(r.get('ev_last'))} | "
                      f"{_num(warm[0]) + ' -> ' + _num(warm[1]) if warm else '-'} | "
                      f"{_num(r.get('logprob_gap'), '.4f')} | {_commit(r)} |")
+    lines += ["", "## How each run played", "",
+              "Mean turns and tokens per trajectory in the paired eval passes (SFT policy -> RL policy, at the "
+              "run's sampling temperature); RL's train trials by how they ended and the prompts a context "
+              "strategy edited; the long tasks resolved at SFT's best -> RL's best temperature.", "",
+              "| arm | seed | turns | tokens | train finishes | train context edits | long tasks |", "|---" * 7 + "|"]
+    for r in report["runs"]:
+        if "play" in r:
+            lines.append(f"| {r['arm'] or 'base'} | {r['seed']} | {_play_cells(r['play'])} |")
     lines += ["", f"## The arms against `{first}`, per seed (same eval tasks, common random numbers)", "",
               f"| arm | seed | tasks | {first} resolved | arm resolved | {first} only / arm only | McNemar p |",
               "|---|---|---|---|---|---|---|"]
