@@ -202,7 +202,7 @@ class SamplerActor(Actor):
                 result = await call()
             except BackendUnavailable as exc:
                 if trio.current_time() + pause > deadline:
-                    self._server_gone = self._server_gone or wait_s > 0
+                    self._server_gone = True
                     raise
                 if tries == 0:
                     self.logger.warning("sampler_backend_away", what=what, wait_s=wait_s, error=str(exc))
