@@ -112,8 +112,8 @@ def _holder_is_dead(lease: dict[str, Any], ours: str | None) -> bool:
         return True
     except OSError:
         return False
-    boot, namespace = ours.split("/")[:2]
-    return fields[0] in ("Z", "X") or f"{boot}/{namespace}/{pid}/{fields[19]}" != recorded
+    # boot and namespace match (above): the rest of the identity is the pid and its start time
+    return fields[0] in ("Z", "X") or recorded.split("/")[2:] != [str(pid), fields[19]]
 
 
 def _read(store: FsspecStore, key: str) -> tuple[dict[str, Any] | None, str | None]:
